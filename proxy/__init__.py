@@ -1,0 +1,1 @@
+"""The ctrlrun sidecar proxy (needs the proxy extra: pip install 'ctrlrun[proxy]')."""

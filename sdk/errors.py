@@ -1,0 +1,130 @@
+"""The exceptions ctrlrun raises.
+
+Every one of them derives from :class:`CTRLRunError`::
+
+    CTRLRunError
+     +-- InvalidArgument      a value ctrlrun cannot accept (a float, an empty name, a bad template)
+     +-- PolicyError          a policy that cannot be loaded or validated
+     +-- EffectKeyError       an effect template that cannot be resolved for this call
+     +-- ActionDenied         the policy (or a missing principal) says no              .reason
+     +-- ApprovalRequired     a human must approve first                               .request_id
+     +-- ApprovalMismatch     the approval presented does not fit this action          .reason
+     +-- ApprovalTimeout      nobody answered an approval in time                      .request_id
+     +-- DuplicateEffect      the effect is committed or in progress                   .state .effect_key
+     +-- AmbiguousEffect      nobody knows whether the effect happened                 .effect_key
+     +-- NotExecuted          raised by an executor: the remote certainly did nothing
+     +-- StoreError           the ledger could not be read or written
+     |    +-- SchemaMismatch  the ledger's schema is newer than (or foreign to) this code
+     +-- MissingDependency    an optional extra is not installed                       .module .extra
+"""
+
+from __future__ import annotations
+
+
+class CTRLRunError(Exception):
+    """Base class of every ctrlrun error."""
+
+
+class InvalidArgument(CTRLRunError):
+    """A value ctrlrun cannot accept."""
+
+
+class PolicyError(CTRLRunError):
+    """A policy that cannot be loaded or validated."""
+
+
+class EffectKeyError(CTRLRunError):
+    """An effect template that cannot be resolved for this call."""
+
+
+class ActionDenied(CTRLRunError):
+    """The policy, or the absence of a principal, refuses the action."""
+
+    def __init__(self, reason: str, message: str | None = None, *, action_id: str | None = None):
+        super().__init__(message or reason)
+        self.reason = reason
+        self.action_id = action_id
+
+
+class ApprovalRequired(CTRLRunError):
+    """The policy wants a human to approve this action first."""
+
+    def __init__(self, request_id: str, message: str | None = None, *, action_id: str | None = None):
+        super().__init__(
+            message
+            or f"approval required: run 'ctrlrun approve {request_id}', then retry inside "
+            f"ctrlrun.with_approval('{request_id}')"
+        )
+        self.request_id = request_id
+        self.action_id = action_id
+
+
+class ApprovalMismatch(CTRLRunError):
+    """The approval presented cannot be used for this action."""
+
+    def __init__(self, reason: str, message: str | None = None, *, approval_id: str | None = None):
+        super().__init__(message or f"approval {approval_id or ''} refused: {reason}".replace("  ", " "))
+        self.reason = reason
+        self.approval_id = approval_id
+
+
+class ApprovalTimeout(CTRLRunError):
+    """Nobody answered an approval request in time."""
+
+    def __init__(self, request_id: str, message: str | None = None):
+        super().__init__(message or f"approval {request_id} was not answered in time")
+        self.request_id = request_id
+
+
+class DuplicateEffect(CTRLRunError):
+    """The effect is already committed, or another attempt holds it."""
+
+    def __init__(
+        self, state: str, effect_key: str, message: str | None = None, *, action_id: str | None = None
+    ):
+        if message is None:
+            if state == "committed":
+                message = f"effect {effect_key!r} was already committed by {action_id}"
+            else:
+                message = f"effect {effect_key!r} is executing under {action_id}"
+        super().__init__(message)
+        self.state = state
+        self.effect_key = effect_key
+        self.action_id = action_id
+
+
+class AmbiguousEffect(CTRLRunError):
+    """Nobody knows whether the effect happened; a blind retry is refused."""
+
+    def __init__(self, effect_key: str, message: str | None = None, *, action_id: str | None = None):
+        super().__init__(
+            message
+            or f"effect {effect_key!r} has an unknown outcome from {action_id}; resolve it with "
+            f"'ctrlrun resolve {effect_key}' before retrying"
+        )
+        self.effect_key = effect_key
+        self.action_id = action_id
+
+
+class NotExecuted(CTRLRunError):
+    """Raised by an executor to assert that the remote certainly did nothing."""
+
+
+class StoreError(CTRLRunError):
+    """The ledger could not be read or written."""
+
+
+class SchemaMismatch(StoreError):
+    """The ledger's schema is newer than this code, or not a ctrlrun schema at all."""
+
+
+class MissingDependency(CTRLRunError):
+    """An optional extra is not installed."""
+
+    def __init__(self, module: str, extra: str):
+        super().__init__(
+            f"{module!r} is not installed; it ships in the {extra!r} extra: "
+            f"pip install 'ctrlrun[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra

@@ -1,0 +1,75 @@
+"""Effect and resource templates: literal text with ``{name}`` placeholders."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EffectKeyError
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_NAME = re.compile(r"[^\W\d]\w*\Z")
+
+
+class TemplateSyntaxError(ValueError):
+    """A template that is not literal text with ``{identifier}`` placeholders."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed template; ``names`` are its placeholders in order."""
+
+    text: str
+    names: tuple[str, ...]
+
+    def resolve(self, values: Mapping[str, Any], *, resource: str | None = None) -> str:
+        """Fill the placeholders; each value must be a non-empty str or a non-bool int."""
+
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name == "resource" and name not in values:
+                if resource is None:
+                    raise EffectKeyError(f"template {self.text!r} needs a resource, and none is set")
+                return resource
+            if name == "resource" and resource is not None:
+                raise EffectKeyError(
+                    f"template {self.text!r}: {{resource}} is ambiguous (an argument has that name)"
+                )
+            if name not in values:
+                raise EffectKeyError(
+                    f"template {self.text!r} needs {name!r}, which is not among the arguments "
+                    f"({', '.join(sorted(values)) or 'none'})"
+                )
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+                raise EffectKeyError(
+                    f"template {self.text!r}: {name!r} must be a non-empty string or an integer, "
+                    f"got {value!r}"
+                )
+            return str(value)
+
+        return _PLACEHOLDER.sub(one, self.text)
+
+
+def parse_template(text: object) -> Template:
+    """Parse ``text``; raise ``TemplateSyntaxError`` with what is wrong."""
+    if not isinstance(text, str) or not text:
+        raise TemplateSyntaxError("a template must be a non-empty string")
+    names: list[str] = []
+    pos = 0
+    for match in _PLACEHOLDER.finditer(text):
+        literal = text[pos : match.start()]
+        if "{" in literal or "}" in literal:
+            raise TemplateSyntaxError(f"stray brace in template {text!r}")
+        name = match.group(1)
+        if not _NAME.match(name):
+            raise TemplateSyntaxError(
+                f"placeholder {{{name}}} in template {text!r} is not a plain identifier"
+            )
+        names.append(name)
+        pos = match.end()
+    if "{" in text[pos:] or "}" in text[pos:]:
+        raise TemplateSyntaxError(f"stray brace in template {text!r}")
+    return Template(text, tuple(names))

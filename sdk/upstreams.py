@@ -1,0 +1,70 @@
+"""The ``upstreams:`` and ``agents:`` sections of a policy, as frozen values.
+
+The policy loader parses and validates these sections (closed key sets, errors naming file,
+line and key); the proxy interprets them. They live in the kernel because one file carries
+both the policy and the proxy's configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Profile = Literal["stripe", "kubernetes", "http"]
+ReconcileMode = Literal["eager", "lazy", "off"]
+
+
+@dataclass(frozen=True)
+class RouteReconcile:
+    """A declarative reconciler: GET a path, compare dotted JSON paths with values."""
+
+    get: str  # path template, e.g. "/v1/invoices/{invoice_id}"
+    committed: dict[str, Any]  # {"status": "sent"}; a value "{name}" means that argument
+    not_executed: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One user route of a ``profile: http`` upstream."""
+
+    method: str  # upper case
+    path: str  # path template, e.g. "/v1/invoices/{invoice_id}/send"
+    action: str
+    reconcile: RouteReconcile | None = None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One entry of ``upstreams:``."""
+
+    name: str
+    profile: Profile
+    url: str  # scheme://host[:port], no trailing slash
+    scheme: str
+    host: str
+    port: int
+    listen: tuple[str, int] | None = None
+    cluster: str | None = None
+    ca_file: str | None = None
+    token_file: str | None = None
+    api_key_env: str | None = None
+    timeout: float = 30.0
+    reconcile: ReconcileMode = "eager"
+    routes: tuple[Route, ...] = ()
+    unmapped_writes: Literal["deny", "allow"] = "deny"
+
+
+@dataclass(frozen=True)
+class AgentCredential:
+    """A per-agent proxy credential: the token is read from an environment variable."""
+
+    name: str
+    token_env: str
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything the proxy reads from the policy file."""
+
+    upstreams: tuple[Upstream, ...] = ()
+    agents: tuple[AgentCredential, ...] = field(default=())
