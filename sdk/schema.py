@@ -1,0 +1,88 @@
+"""The ledger's tables, shared by SQLite and PostgreSQL. Alembic migrations create them."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+# An autoincrementing 64-bit key on PostgreSQL that is still SQLite's ROWID alias.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("effect_key", String, primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("action_id", String(40), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("lease_expires_at", String(32)),
+    Column("action_name", String),
+    Column("action_json", Text),  # the canonical action: name, arguments, principal, resource
+    Column("idempotency_key", String),  # what the attempt was forwarded with (proxy)
+    Column("upstream", String),
+    Column("result_json", Text),
+    Column("error", Text),
+    Column("resolved_by", String),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+    Column("attempt_started_at", String(32)),
+    Column("committed_at", String(32)),
+)
+Index("effects_by_state", effects.c.state, effects.c.updated_at)
+
+events = Table(
+    "events",
+    metadata,
+    Column("event_id", BigId, primary_key=True, autoincrement=True),
+    Column("ts", String(32), nullable=False),
+    Column("type", String(40), nullable=False),
+    Column("action_id", String(40)),
+    Column("effect_key", String),
+    Column("approval_id", String(40)),
+    Column("data_json", Text, nullable=False),
+)
+Index("events_by_action", events.c.action_id)
+Index("events_by_type", events.c.type, events.c.event_id)
+
+receipts = Table(
+    "receipts",
+    metadata,
+    Column("receipt_id", String(40), primary_key=True),
+    Column("action_id", String(40), nullable=False),
+    Column("effect_key", String),
+    Column("result", String(16), nullable=False),
+    Column("json", Text, nullable=False),
+    Column("ts", String(32), nullable=False),
+    Column("seq", BigInteger, nullable=False, unique=True),
+    Column("prev_hash", String(80), nullable=False),
+    Column("hash", String(80), nullable=False),
+    Column("event_pos", BigInteger),  # the last event written before it: timeline order
+)
+Index("receipts_by_action", receipts.c.action_id)
+
+receipt_chain = Table(
+    "receipt_chain",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("hash", String(80), nullable=False),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", String(40), primary_key=True),
+    Column("action_hash", String(80), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("action_json", Text, nullable=False),
+    Column("approver", String),
+    Column("created_at", String(32), nullable=False),
+    Column("granted_at", String(32)),
+    Column("expires_at", String(32), nullable=False),
+    Column("consumed_at", String(32)),
+    Column("policy_hash", String(80)),
+)
+Index("approvals_by_status", approvals.c.status)
+
+GENESIS_HASH = "sha256:" + "00" * 32

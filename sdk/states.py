@@ -1,0 +1,114 @@
+"""The effect state machine: one enum, one transition table, one planning function.
+
+Everything here is pure: the clock is passed in, and the stores only write what these
+functions decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from .errors import InvalidArgument
+
+
+class EffectState(StrEnum):
+    """Where an effect key stands. ``NEW`` means "no record" and is never stored."""
+
+    NEW = "new"
+    RESERVED = "reserved"
+    EXECUTING = "executing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"
+
+
+S = EffectState
+
+# Every transition the ledger may make. Anything else raises; nothing ever deletes a record.
+TRANSITIONS: frozenset[tuple[EffectState, EffectState]] = frozenset(
+    {
+        (S.NEW, S.RESERVED),  # first attempt
+        (S.FAILED, S.RESERVED),  # renewal: attempt + 1
+        (S.COMMITTED, S.RESERVED),  # a new intent once the action's window has passed
+        (S.RESERVED, S.EXECUTING),
+        (S.EXECUTING, S.COMMITTED),
+        (S.EXECUTING, S.FAILED),
+        (S.RESERVED, S.FAILED),  # released before execution (nothing was sent)
+        (S.RESERVED, S.AMBIGUOUS),
+        (S.EXECUTING, S.AMBIGUOUS),
+        (S.AMBIGUOUS, S.COMMITTED),  # a human or a reconcile answer
+        (S.AMBIGUOUS, S.FAILED),
+    }
+)
+
+
+def check_transition(old: EffectState, new: EffectState) -> None:
+    """Raise ``InvalidArgument`` unless ``old -> new`` is in the table."""
+    if (old, new) not in TRANSITIONS:
+        raise InvalidArgument(f"effect transition {old.value} -> {new.value} is not allowed")
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    """One row of the effect ledger."""
+
+    effect_key: str
+    state: EffectState
+    action_id: str
+    attempt: int
+    lease_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    committed_at: datetime | None = None
+    action_name: str | None = None
+    result: str | None = None
+    error: str | None = None
+    resolved_by: str | None = None
+    idempotency_key: str | None = None
+
+    def lease_is_live(self, now: datetime) -> bool:
+        return (
+            self.state in (S.RESERVED, S.EXECUTING)
+            and self.lease_expires_at is not None
+            and now <= self.lease_expires_at
+        )
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Take the key: a new record (``previous`` is None) or a renewal of ``previous``."""
+
+    attempt: int
+    previous: EffectState
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Refuse the attempt. ``kind`` is committed, in_progress or ambiguous."""
+
+    kind: str
+    holder: str
+    ambiguate: bool = False  # the holder's lease expired: write the record AMBIGUOUS first
+
+
+def plan_reservation(
+    record: EffectRecord | None, now: datetime, window: timedelta | None = None
+) -> Reserve | Refuse:
+    """What a new attempt on a key gets, given the key's record (the table in DESIGN.md)."""
+    if record is None:
+        return Reserve(attempt=1, previous=S.NEW)
+    state = record.state
+    if state is S.FAILED:
+        return Reserve(attempt=record.attempt + 1, previous=S.FAILED)
+    if state is S.COMMITTED:
+        committed_at = record.committed_at or record.updated_at
+        if window is not None and now >= committed_at + window:
+            return Reserve(attempt=record.attempt + 1, previous=S.COMMITTED)
+        return Refuse("committed", record.action_id)
+    if state is S.AMBIGUOUS:
+        return Refuse("ambiguous", record.action_id)
+    if record.lease_is_live(now):
+        return Refuse("in_progress", record.action_id)
+    return Refuse("ambiguous", record.action_id, ambiguate=True)

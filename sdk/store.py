@@ -1,0 +1,212 @@
+"""Opening a ledger: engines, durability settings, migrations under a lock, transactions.
+
+``SQLiteStateStore`` (the default, one host) and ``PostgresStateStore`` (many sidecars on many
+hosts) differ only in how they connect and lock; every decision is made by the same code in
+``ledger.py`` on whichever connection the store hands out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
+
+log = logging.getLogger(__name__)
+
+HEAD_REVISION = "0001"
+KNOWN_REVISIONS = ("0001",)
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
+
+
+class StateStore:
+    """A ledger on one SQLAlchemy engine. Use ``transaction()`` for every decision."""
+
+    def __init__(self, engine: Engine, *, create: bool = True) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.location = engine.url.render_as_string(hide_password=True)
+        self._closed = False
+        try:
+            self._open(create)
+        except Exception:
+            engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location!r})"
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One write transaction; on SQLite it holds the database write lock from the start."""
+        try:
+            with self.engine.connect() as conn:
+                self._begin(conn)
+                try:
+                    yield conn
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"ledger at {self.location}: {_one_line(exc)}") from exc
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A read-only transaction (never takes the write lock)."""
+        try:
+            with self.engine.connect() as conn:
+                if self.dialect == "sqlite":
+                    conn.exec_driver_sql("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    conn.rollback()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"ledger at {self.location}: {_one_line(exc)}") from exc
+
+    def ping(self) -> None:
+        """Raise ``StoreError`` unless the ledger answers."""
+        with self.reading() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine.dispose()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _begin(self, conn: Connection) -> None:
+        if self.dialect == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _open(self, create: bool) -> None:
+        try:
+            with self.engine.connect() as conn:
+                self._begin(conn)
+                if self.dialect == "postgresql":
+                    # Many sidecars may start at once on an empty database: one migrates, the
+                    # others wait here and then find the schema current.
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+                revision = _current_revision(conn)
+                if revision == HEAD_REVISION:
+                    conn.rollback()
+                    return
+                if revision is not None and revision not in KNOWN_REVISIONS:
+                    raise SchemaMismatch(
+                        f"ledger at {self.location} has schema revision {revision}, newer than "
+                        f"this ctrlrun knows ({HEAD_REVISION}); upgrade ctrlrun"
+                    )
+                if revision is None and inspect(conn).has_table("effects"):
+                    raise SchemaMismatch(f"ledger at {self.location} is not a ctrlrun ledger")
+                if not create:
+                    raise StoreError(f"no ctrlrun ledger at {self.location}")
+                _migrate(conn)
+                conn.commit()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot open the ledger at {self.location}: {_one_line(exc)}") from exc
+
+
+def _current_revision(conn: Connection) -> str | None:
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
+    return None if row is None else str(row[0])
+
+
+def _migrate(conn: Connection) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, "head")
+
+
+class SQLiteStateStore(StateStore):
+    """The default ledger: one SQLite file (WAL, busy timeout, ``BEGIN IMMEDIATE``)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+        raw = os.fspath(path)
+        if not raw or raw == ":memory:" or "mode=memory" in raw:
+            raise InvalidArgument("SQLiteStateStore needs a file path, not an in-memory database")
+        self.path = Path(raw)
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.exists():
+            raise StoreError(f"no ctrlrun ledger at {self.path}")
+        engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
+        event.listen(engine, "connect", _sqlite_connect)
+        super().__init__(engine, create=create)
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # The driver must not open transactions on its own: every transaction is ours, and
+    # decisions take the write lock at BEGIN (IMMEDIATE), not at their first write.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+class PostgresStateStore(StateStore):
+    """A ledger shared by many sidecars and hosts, on PostgreSQL through psycopg 3."""
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise MissingDependency("psycopg", "postgres") from None
+        parsed = make_url(url)
+        if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        else:
+            raise InvalidArgument(f"not a PostgreSQL URL: {parsed.drivername}://…")
+        engine = create_engine(
+            parsed,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            connect_args={"connect_timeout": 5},
+        )
+        super().__init__(engine, create=create)
+
+
+def open_store(url: str, *, create: bool = True) -> StateStore:
+    """Open the ledger a URL names: ``sqlite:///path`` or ``postgresql[+psycopg]://…``."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise InvalidArgument(f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)") from None
+    if parsed.drivername.startswith("sqlite"):
+        if not parsed.database:
+            raise InvalidArgument("a sqlite store URL needs a file: sqlite:///path/to/state.db")
+        return SQLiteStateStore(parsed.database, create=create)
+    if parsed.drivername.split("+")[0] in ("postgresql", "postgres"):
+        try:
+            return PostgresStateStore(url, create=create)
+        except NoSuchModuleError:
+            raise MissingDependency("psycopg", "postgres") from None
+    raise InvalidArgument(
+        f"unsupported store URL scheme {parsed.drivername!r}: use sqlite:///PATH or postgresql://…"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text_ = str(exc).strip().splitlines()
+    return text_[0] if text_ else type(exc).__name__
