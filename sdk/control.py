@@ -370,6 +370,17 @@ class Control:
                                 data={"reason": "effect_key_error", "error": str(exc)})
             return self._receipt(conn, attempt, "denied", None, now, error=str(exc))
 
+    def record_unprotected(
+        self, action: Action, outcome: str, *, reason: str, error: str | None = None
+    ) -> Receipt:
+        """A receipt for a write forwarded without protection (``unmapped_writes: allow``)."""
+        now = self.clock()
+        attempt = Attempt(action, None, 0, "allow", reason, self.policy.policy_hash, now)
+        with self.store.transaction() as conn:
+            ledger.append_event(conn, now, EventType.ACTION_PROPOSED, action_id=action.action_id,
+                                data={"action_hash": action.hash, "unprotected": True})
+            return self._receipt(conn, attempt, outcome, None, now, error=error)
+
     def wait_for_approval(self, request_id: str, timeout: timedelta | None = None) -> None:
         """Block until a human answers ``request_id`` (polling the ledger every 0.5 s)."""
         deadline = self.clock() + (timeout or self.approval_ttl)

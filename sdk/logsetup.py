@@ -1,0 +1,33 @@
+"""Log lines for long-running commands: plain text, or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from .action import iso, utc_now
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"ts": iso(utc_now()), "level": record.levelname.lower(), "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info and record.exc_info[0] is not None:
+            doc["error"] = record.exc_info[0].__name__
+        return json.dumps(doc)
+
+
+def configure(fmt: str = "text", level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("mitmproxy", "httpx", "httpcore", "alembic", "hpack"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
