@@ -148,7 +148,9 @@ class Control:
                                     effect_key=effect_key, data={"reason": reason})
                 receipt = self._receipt(conn, attempt, "denied", None, now)
             log.info("%s denied (%s) receipt=%s", action.name, reason, receipt.receipt_id)
-            raise ActionDenied(reason, f"{action.name} denied: {reason}", action_id=action.action_id)
+            denied = ActionDenied(reason, f"{action.name} denied: {reason}", action_id=action.action_id)
+            denied.receipt_id = receipt.receipt_id  # type: ignore[attr-defined]
+            raise denied
         elif decision == "approve" and approval_id is None:
             with self.store.transaction() as conn:
                 ledger.append_events(conn, proposed)
@@ -174,6 +176,8 @@ class Control:
                 continue
             if gate.refusal is not None:
                 log.info("%s refused: %s", action.name, gate.refusal)
+                if gate.receipt is not None:
+                    gate.refusal.receipt_id = gate.receipt.receipt_id  # type: ignore[attr-defined]
                 raise gate.refusal
             if gate.extra.get("retry"):
                 continue

@@ -1,0 +1,231 @@
+"""The values route matching takes and returns, and the strict parsing every profile shares."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, TypeAlias
+from urllib.parse import unquote_to_bytes
+
+from ctrlrun.templates import TemplateSyntaxError, parse_template
+
+MAX_BODY = 1024 * 1024
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+# Unicode category Cc is exactly C0, DEL and C1: what can split a header or a log line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the addon gathers from a flow: ``path`` as sent (still percent-encoded), no query."""
+
+    method: str
+    path: str
+    query: Mapping[str, list[str]] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    body: bytes = b""  # as it will be forwarded (still content-encoded, if it is)
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """Not consequential: a read, a watch, a server-side dry run."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """A write that matches a route: the action and its plain-JSON arguments."""
+
+    action: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """A write that matches no route."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A write ctrlrun cannot read with certainty, so it is refused."""
+
+    reason: str
+
+
+RouteResult: TypeAlias = PassThrough | Mapped | Unmapped | Invalid
+
+
+class BadInput(Exception):
+    """Raised inside the route modules; ``map_request`` turns it into ``Invalid``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """``text`` quoted and cut short, safe to put in a reason."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def media_type(headers: Mapping[str, str]) -> str:
+    """The Content-Type without parameters, lower case ('' when absent)."""
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def check_body(request: Request) -> None:
+    """Refuse a body ctrlrun will not parse on the protected path: too large, or encoded."""
+    if len(request.body) > MAX_BODY:
+        raise BadInput(f"the body is {len(request.body)} bytes; ctrlrun reads at most {MAX_BODY}")
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if request.body and encoding not in ("", "identity"):
+        # The body is forwarded as sent, so it is read as sent: bytes that parse one way
+        # here and decompress into another request upstream would slip past the route.
+        raise BadInput(f"cannot read a body with Content-Encoding {shown(encoding)}")
+
+
+def unquote_strict(text: str, *, plus: bool) -> str:
+    """Percent-decode ``text`` (``+`` as space in forms); bad escapes or bad UTF-8 raise."""
+    if _BAD_ESCAPE.search(text):
+        raise BadInput(f"{shown(text)} has a malformed percent escape")
+    if plus:
+        text = text.replace("+", " ")
+    try:
+        return unquote_to_bytes(text).decode("utf-8")
+    except UnicodeError as exc:  # encode (lone surrogates) or decode (bytes not UTF-8)
+        raise BadInput(f"{shown(text)} is not valid UTF-8 once decoded") from exc
+
+
+def path_segments(path: str) -> list[str]:
+    """Decode a write's path into segments; refuse a path remotes could read differently.
+
+    Servers disagree on ``%2F``, ``//``, ``.`` and ``..`` (Go's apiserver decodes ``%2F`` into
+    a separator, others do not), and an agent could use that to make one resource look like
+    another to ctrlrun. One trailing slash is ignored, so matching errs on the protected side.
+    """
+    if not path.startswith("/"):
+        raise BadInput(f"the path {shown(path)} does not start with '/'")
+    parts = path[1:].split("/")
+    if parts[-1] == "":
+        parts.pop()
+    segments = []
+    for part in parts:
+        segment = unquote_strict(part, plus=False)
+        if segment in ("", ".", "..") or "/" in segment:
+            raise BadInput(
+                f"the path {shown(path)} is ambiguous (empty, dot or encoded '/' segment)"
+            )
+        if _CONTROL.search(segment):
+            raise BadInput(f"the path {shown(path)} contains a control character")
+        segments.append(segment)
+    return segments
+
+
+@lru_cache(maxsize=256)
+def compile_path(template: str) -> tuple[tuple[bool, str], ...] | None:
+    """A path template as (is_parameter, text) segments; None if it cannot match whole segments."""
+    if not template.startswith("/"):
+        return None
+    parts = template[1:].split("/")
+    if parts[-1] == "":
+        parts.pop()
+    compiled = []
+    for part in parts:
+        try:
+            names = parse_template(part).names
+        except TemplateSyntaxError:
+            return None  # an empty segment or a stray brace: the policy loader refuses these
+        if names and part != "{" + names[0] + "}":
+            return None  # "{a}-{b}" or "v{n}": only whole-segment parameters are supported
+        compiled.append((True, names[0]) if names else (False, part))
+    return tuple(compiled)
+
+
+def match_path(template: str, segments: list[str]) -> dict[str, str] | None:
+    """The path parameters if ``segments`` match ``template``, else None."""
+    compiled = compile_path(template)
+    if compiled is None or len(compiled) != len(segments):
+        return None
+    params: dict[str, str] = {}
+    for (is_param, text), segment in zip(compiled, segments, strict=True):
+        if is_param:
+            params[text] = segment
+        elif text != segment:
+            return None
+    return params
+
+
+def _refuse_float(text: str) -> Any:
+    raise BadInput(f"the JSON body contains the non-integer number {shown(text)}")
+
+
+def _refuse_constant(text: str) -> Any:
+    raise BadInput(f"the JSON body contains {text}, which is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Parsers disagree on which duplicate wins; a differential is a way to smuggle a value.
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise BadInput(f"the JSON body repeats the key {shown(key)}")
+        obj[key] = value
+    return obj
+
+
+def load_json(body: bytes, *, floats: bool) -> Any:
+    """Parse a JSON body strictly: UTF-8, no duplicate keys, no NaN; floats only if allowed."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput("the body is not valid UTF-8") from exc
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_refuse_constant,
+            parse_float=None if floats else _refuse_float,
+        )
+    except (ValueError, RecursionError) as exc:  # bad JSON, too deep, an int too long
+        raise BadInput(f"the body is not valid JSON ({str(exc)[:80]})") from exc
+
+
+def _walk(value: Any) -> Iterator[tuple[str, bool]]:
+    """Every string inside ``value`` and whether it is a key, without recursion."""
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, is_key = stack.pop()
+        if isinstance(item, str):
+            yield item, is_key
+        elif isinstance(item, dict):
+            stack.extend((key, True) for key in item)
+            stack.extend((child, False) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, False) for child in item)
+
+
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """Refuse text that could split a header or a log line where an effect key can use it.
+
+    Top-level strings and every key are checked for control characters: effect templates
+    take top-level values only, so nested text (a message body with newlines) stays free.
+    Lone surrogates are refused everywhere: they cannot be encoded for the action hash.
+    """
+    for key, value in arguments.items():
+        if _CONTROL.search(key) or (isinstance(value, str) and _CONTROL.search(value)):
+            raise BadInput(f"argument {shown(key)} contains a control character")
+        for text, is_key in _walk(value):
+            if _SURROGATE.search(text):
+                raise BadInput(f"argument {shown(key)} contains an unpaired surrogate")
+            if is_key and _CONTROL.search(text):
+                raise BadInput(f"argument {shown(key)} has a key with a control character")

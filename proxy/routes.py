@@ -1,0 +1,133 @@
+"""Route matching: which action, with which arguments, an upstream request is.
+
+Pure functions from values to values, with no mitmproxy import, so the addon, the tests and
+the CLI share them. ``map_request`` answers one of four values::
+
+    PassThrough   a read (GET, HEAD, OPTIONS), a Kubernetes watch, a server-side dry run
+    Mapped        a write that matches a route: action name and plain-JSON arguments
+    Unmapped      a write that matches no route (the upstream's ``unmapped_writes`` decides)
+    Invalid       a write ctrlrun cannot read with certainty: refused, nothing forwarded
+
+The built-in tables live in ``stripe_routes`` and ``kube_routes``; ``profile: http``
+upstreams use only their own ``routes:``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctrlrun.upstreams import Upstream
+
+from .kube_routes import map_kubernetes
+from .route_values import (
+    MAX_BODY,
+    READ_METHODS,
+    WRITE_METHODS,
+    BadInput,
+    Invalid,
+    Mapped,
+    PassThrough,
+    Request,
+    RouteResult,
+    Unmapped,
+    check_arguments,
+    check_body,
+    load_json,
+    match_path,
+    media_type,
+    path_segments,
+    shown,
+)
+from .stripe_routes import FORM, map_stripe, parse_form
+
+__all__ = [
+    "MAX_BODY",
+    "Invalid",
+    "Mapped",
+    "PassThrough",
+    "Request",
+    "RouteResult",
+    "Unmapped",
+    "map_request",
+]
+
+
+def map_request(upstream: Upstream, request: Request) -> RouteResult:
+    """Say what ``request``, sent to ``upstream``, is; never raises.
+
+    Reads pass through before anything is parsed, so they keep flowing whatever their
+    bodies hold. A write is matched against the profile's routes; only a matched write has
+    its body read (at most ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
+    """
+    method = request.method.upper()
+    if method in READ_METHODS:
+        if upstream.profile == "kubernetes" and _is_watch(request):
+            return PassThrough("a Kubernetes watch is a read")
+        return PassThrough(f"{method} is a read")
+    if method not in WRITE_METHODS:
+        # Neither a read nor a write we know: treated as a write that no route maps.
+        return Unmapped(f"{shown(method)} is not a method ctrlrun maps")
+    if method != request.method:
+        request = Request(method, request.path, request.query, request.headers, request.body)
+    try:
+        segments = path_segments(request.path)
+        if upstream.profile == "stripe":
+            return map_stripe(request, segments)
+        if upstream.profile == "kubernetes":
+            return map_kubernetes(upstream, request, segments)
+        return _map_http(upstream, request, segments)
+    except BadInput as exc:
+        return Invalid(exc.reason)
+
+
+def _is_watch(request: Request) -> bool:
+    return any(value in ("true", "1") for value in request.query.get("watch", ()))
+
+
+def _map_http(upstream: Upstream, request: Request, segments: list[str]) -> RouteResult:
+    """``profile: http``: the first of the upstream's routes that matches wins."""
+    for route in upstream.routes:
+        if route.method.upper() != request.method:
+            continue
+        params = match_path(route.path, segments)
+        if params is None:
+            continue
+        check_body(request)
+        arguments = _http_fields(request)
+        for name, value in params.items():
+            given = arguments.get(name, value)
+            if given != value and not (type(given) is int and str(given) == value):
+                raise BadInput(f"the path says {name}={value!r} but the body says {given!r}")
+            arguments[name] = value
+        check_arguments(arguments)
+        return Mapped(route.action, arguments)
+    return Unmapped(
+        f"no route of upstream {upstream.name!r} maps {request.method} {shown(request.path)}"
+    )
+
+
+def _http_fields(request: Request) -> dict[str, Any]:
+    """A JSON object body's fields, or form fields (a repeated name gives a list)."""
+    if not request.body:
+        return {}
+    kind = media_type(request.headers)
+    if kind == "application/json" or kind.endswith("+json"):
+        body = load_json(request.body, floats=False)
+        if not isinstance(body, dict):
+            raise BadInput("the JSON body must be an object to give named arguments")
+        return body
+    if kind == FORM:
+        fields: dict[str, Any] = {}
+        for key, value in parse_form(request.body):
+            if key not in fields:
+                fields[key] = value
+            elif isinstance(fields[key], list):
+                fields[key].append(value)
+            else:
+                fields[key] = [fields[key], value]
+        return fields
+    # The body is part of the action; one ctrlrun cannot read would go unrecorded.
+    raise BadInput(
+        f"cannot read a body of type {shown(kind or 'untyped')}; "
+        "ctrlrun reads JSON objects and form fields"
+    )

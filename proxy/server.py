@@ -1,0 +1,248 @@
+"""Running the sidecar: mitmproxy listeners, the addon, signals, the periodic sweep.
+
+``ctrlrun proxy`` builds ``ProxySettings`` from its flags and calls ``check`` or ``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrlrun.config import open_default_store, policy_path
+from ctrlrun.control import Control
+from ctrlrun.errors import CTRLRunError, PolicyError
+from ctrlrun.policy import Policy
+from ctrlrun.reconcilers import registry
+from ctrlrun.reconcilers.sweep import sweep
+from ctrlrun.store import StateStore
+from ctrlrun.upstreams import Upstream
+
+from .addon import CtrlrunAddon
+from .forward import Forwarder
+from .guard import Guard
+from .principal import Principals
+
+log = logging.getLogger("ctrlrun.proxy")
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """The flags of ``ctrlrun proxy``, parsed."""
+
+    policy: str | None = None
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    store_url: str | None = None
+    principal: str | None = None
+    admin: tuple[str, int] | None = None
+    confdir: str = "~/.mitmproxy"
+    sweep_interval: float = 60.0
+    reconcile_deadline: float = 10.0
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:8080`` for IPv6) -> (host, port); raise PolicyError when bad."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise PolicyError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+class Sidecar:
+    """The policy, the ledger and the guard of one running proxy."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.policy_file = policy_path(settings.policy)
+        self.policy = Policy.from_file(self.policy_file)
+        self.store: StateStore = open_default_store(settings.store_url, self.policy_file)
+        self.control = Control(self.policy, self.store)
+        self.upstreams: Sequence[Upstream] = self.policy.proxy.upstreams
+        self.principals = Principals(settings.principal, self.policy.proxy.agents)
+        self.reconcilers = registry.build(self.upstreams)
+
+    def reload(self) -> bool:
+        """Load the policy file again; keep the old one in force if the new one fails."""
+        try:
+            policy = Policy.from_file(self.policy_file)
+        except CTRLRunError as exc:
+            log.error("policy reload refused, the old policy stays in force: %s", exc)
+            return False
+        if policy.proxy != self.policy.proxy:
+            log.warning("upstreams/agents changed: they take effect at the next restart")
+        self.policy = policy
+        self.control = Control(policy, self.store)
+        log.info("policy reloaded from %s (%s)", self.policy_file, policy.policy_hash)
+        return True
+
+    def modes(self) -> tuple[list[str], dict[str, str]]:
+        host, port = self.settings.listen
+        modes = [f"regular@{_bracket(host)}:{port}"]
+        reverse: dict[str, str] = {}
+        for up in self.upstreams:
+            if up.listen:
+                spec = f"reverse:{up.url}@{_bracket(up.listen[0])}:{up.listen[1]}"
+                modes.append(spec)
+                reverse[spec] = up.name
+        return modes, reverse
+
+    def check_listeners(self) -> None:
+        addresses = [self.settings.listen] + [u.listen for u in self.upstreams if u.listen]
+        if self.settings.admin:
+            addresses.append(self.settings.admin)
+        for host, port in addresses:
+            if port == 0:
+                continue
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((host, port))
+                except OSError as exc:
+                    raise PolicyError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def check(settings: ProxySettings) -> str:
+    """Validate everything without serving; returns a one-line summary or raises."""
+    sidecar = Sidecar(settings)
+    try:
+        sidecar.store.ping()
+        sidecar.check_listeners()
+        for up in sidecar.upstreams:
+            if up.ca_file and not Path(up.ca_file).is_file():
+                raise PolicyError(f"upstreams.{up.name}.ca_file: no such file {up.ca_file}")
+        return (f"ok: policy {sidecar.policy_file} ({len(sidecar.policy.actions)} actions, "
+                f"{len(sidecar.upstreams)} upstreams), ledger {sidecar.store.location}")
+    finally:
+        sidecar.store.close()
+
+
+def serve(settings: ProxySettings) -> int:
+    sidecar = Sidecar(settings)
+    sidecar.check_listeners()
+    try:
+        return asyncio.run(_serve(sidecar))
+    finally:
+        sidecar.store.close()
+
+
+async def _serve(sidecar: Sidecar) -> int:
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
+
+    settings = sidecar.settings
+    confdir = Path(os.path.expanduser(settings.confdir))
+    confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    modes, reverse = sidecar.modes()
+    opts = options.Options(confdir=str(confdir))
+    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    # Addon options exist only once the default addons are loaded.
+    opts.update(
+        mode=modes,
+        connection_strategy="lazy",
+        # Intercept only upstream hosts; every other TLS connection is tunnelled untouched.
+        # (Reverse listeners are subject to this list too, so it names every upstream.)
+        allow_hosts=[f"^{_re_host(u.host)}:{u.port}$" for u in sidecar.upstreams] or ["^$"],
+    )
+    bundle = _trust_bundle(confdir, sidecar.upstreams)
+    if bundle:
+        opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
+    forwarder = Forwarder(sidecar.upstreams)
+    guard = Guard(lambda: sidecar.control, forwarder, sidecar.reconcilers,
+                  reconcile_deadline=settings.reconcile_deadline)
+    addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
+    master.addons.add(addon, _Announce(sidecar, master, confdir))
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    loop.add_signal_handler(signal.SIGINT, stop)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
+    runner = asyncio.create_task(master.run())
+    sweeper = asyncio.create_task(_sweep_forever(sidecar))
+    waiter = asyncio.create_task(stopping.wait())
+    await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    # Finish in-flight protected requests first (bounded by their own deadlines).
+    deadline = loop.time() + max((u.timeout for u in sidecar.upstreams), default=30) + settings.reconcile_deadline
+    while guard.active and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    sweeper.cancel()
+    master.shutdown()
+    with contextlib.suppress(Exception):
+        await runner
+    await forwarder.aclose()
+    log.info("ctrlrun proxy stopped")
+    return 0
+
+
+async def _sweep_forever(sidecar: Sidecar) -> None:
+    if sidecar.settings.sweep_interval <= 0 or not any(sidecar.reconcilers.values()):
+        return
+    while True:
+        await asyncio.sleep(sidecar.settings.sweep_interval)
+        try:
+            settled = await asyncio.to_thread(sweep, sidecar.control, sidecar.reconcilers)
+            for key, answer in settled:
+                log.info("sweep: %s -> %s", key, answer)
+        except Exception as exc:  # the sweep must never stop the proxy
+            log.warning("sweep failed: %s", exc)
+
+
+class _Announce:
+    """Prints the one start-up line once mitmproxy's listeners are bound."""
+
+    def __init__(self, sidecar: Sidecar, master: object, confdir: Path) -> None:
+        self.sidecar, self.master, self.confdir = sidecar, master, confdir
+
+    def running(self) -> None:
+        server = self.master.addons.get("proxyserver")  # type: ignore[attr-defined]
+        parts = []
+        for instance in server.servers:
+            addrs = ", ".join(f"{_bracket(a[0])}:{a[1]}" for a in instance.listen_addrs)
+            spec = instance.mode.full_spec
+            name = "proxy" if spec.startswith("regular") else f"reverse {self.sidecar_name(spec)}"
+            parts.append(f"{name} {addrs}")
+        ca = self.confdir / "mitmproxy-ca-cert.pem"
+        key = self.confdir / "mitmproxy-ca.pem"
+        with contextlib.suppress(OSError):
+            os.chmod(key, 0o600)
+        print(f"ctrlrun proxy listening: {'; '.join(parts)}; CA {ca}", flush=True)
+
+    def sidecar_name(self, spec: str) -> str:
+        _, reverse = self.sidecar.modes()
+        return reverse.get(spec, spec)
+
+
+def _trust_bundle(confdir: Path, upstreams: Sequence[Upstream]) -> Path | None:
+    """certifi's roots plus every upstream ``ca_file``: mitmproxy's option replaces, not adds."""
+    extra = [Path(u.ca_file) for u in upstreams if u.ca_file]
+    if not extra:
+        return None
+    import certifi
+
+    parts = [Path(certifi.where()).read_text()] + [p.read_text() for p in extra]
+    bundle = confdir / "ctrlrun-upstream-ca.pem"
+    bundle.write_text("\n".join(parts))
+    ssl.create_default_context(cafile=str(bundle))  # fail now, not on the first request
+    return bundle
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _re_host(host: str) -> str:
+    import re
+
+    return re.escape(host)

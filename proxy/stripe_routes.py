@@ -1,0 +1,164 @@
+"""The built-in routes of ``profile: stripe``: v1 writes with form-encoded bodies."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .route_values import (
+    BadInput,
+    Mapped,
+    Request,
+    RouteResult,
+    Unmapped,
+    check_arguments,
+    check_body,
+    match_path,
+    media_type,
+    shown,
+    unquote_strict,
+)
+
+FORM = "application/x-www-form-urlencoded"
+
+ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("POST", "/v1/refunds", "stripe.refund"),
+    ("POST", "/v1/payouts", "stripe.payout"),
+    ("POST", "/v1/charges", "stripe.charge"),
+    ("POST", "/v1/payment_intents/{payment_intent}/cancel", "stripe.cancel_payment_intent"),
+    ("DELETE", "/v1/customers/{customer}", "stripe.delete_customer"),
+)
+
+_KEY = re.compile(r"([^\[\]]+)((?:\[[^\[\]]*\])*)\Z")
+_PART = re.compile(r"\[([^\[\]]*)\]")
+_DIGITS = re.compile(r"[0-9]+\Z")
+_MAX_DEPTH = 5
+_ALIASES = ("payment_id",)  # names ctrlrun adds; a body that sets them would choose the key
+
+
+def map_stripe(request: Request, segments: list[str]) -> RouteResult:
+    """Map a Stripe write onto its action, or say why not."""
+    for method, template, action in ROUTES:
+        params = match_path(template, segments)
+        if params is None or method != request.method:
+            continue
+        check_body(request)
+        arguments = _fields(request)
+        for name, value in params.items():
+            if arguments.setdefault(name, value) != value:
+                raise BadInput(f"the path says {name}={value!r} but the body says otherwise")
+        if action == "stripe.refund":
+            _add_payment_id(arguments)
+        check_arguments(arguments)
+        return Mapped(action, arguments)
+    return Unmapped(f"no Stripe route maps {request.method} {shown(request.path)}")
+
+
+def _add_payment_id(arguments: dict[str, Any]) -> None:
+    for alias in _ALIASES:
+        if alias in arguments:
+            raise BadInput(f"{alias!r} is not a Stripe field; ctrlrun derives it")
+    # A refund names one of them in practice; a customer-balance refund names neither, and
+    # then an effect template that needs payment_id is refused where it is resolved.
+    for source in ("payment_intent", "charge"):
+        value = arguments.get(source)
+        if isinstance(value, str) and value:
+            arguments["payment_id"] = value
+            return
+
+
+def _fields(request: Request) -> dict[str, Any]:
+    """The form body (and any query parameters) as nested plain values."""
+    pairs = list(_query_pairs(request))
+    if request.body:
+        kind = media_type(request.headers)
+        if kind != FORM:
+            raise BadInput(f"Stripe v1 bodies are {FORM}, not {shown(kind or 'untyped')}")
+        pairs.extend(parse_form(request.body))
+    tree: dict[str, Any] = {}
+    for key, value in pairs:
+        _insert(tree, key, value)
+    fields = {key: _listify(value) for key, value in tree.items()}
+    metadata = fields.get("metadata")
+    if metadata == "":
+        fields["metadata"] = {}  # "metadata=" clears it: an empty mapping
+    elif metadata is not None and not isinstance(metadata, dict):
+        raise BadInput("metadata must be given as metadata[key]=value")
+    for key, value in fields.items():
+        if key == "amount" or key.endswith("_amount"):
+            fields[key] = _amount(key, value)
+    return fields
+
+
+def _query_pairs(request: Request) -> Iterator[tuple[str, str]]:
+    # Stripe clients put write parameters in the body; one in the query still reaches Stripe,
+    # so it is read too, and a name given in both places is refused below as a duplicate.
+    for key, values in request.query.items():
+        for value in values:
+            yield key, value
+
+
+def parse_form(body: bytes) -> Iterator[tuple[str, str]]:
+    """Decode an ``application/x-www-form-urlencoded`` body strictly."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput("the form body is not valid UTF-8") from exc
+    for part in text.split("&"):
+        if "=" not in part:
+            raise BadInput(f"the form field {shown(part)} has no '='")
+        raw_key, raw_value = part.split("=", 1)
+        key = unquote_strict(raw_key, plus=True)
+        if not key:
+            raise BadInput("a form field has an empty name")
+        yield key, unquote_strict(raw_value, plus=True)
+
+
+def _insert(tree: dict[str, Any], key: str, value: str) -> None:
+    """Place ``a[b][c]=v`` at tree["a"]["b"]["c"]; ``a[]=v`` appends to a list."""
+    match = _KEY.match(key)
+    if match is None:
+        raise BadInput(f"the form field name {shown(key)} has unbalanced brackets")
+    name, parts = match.group(1), _PART.findall(match.group(2))
+    if len(parts) > _MAX_DEPTH:
+        raise BadInput(f"the form field name {shown(key)} nests too deeply")
+    if "" in parts[:-1]:
+        raise BadInput(f"the form field name {shown(key)} has '[]' before its end")
+    node = tree
+    for part in parts:
+        child = node.setdefault(name, [] if part == "" else {})
+        if part == "":
+            if not isinstance(child, list):
+                raise BadInput(f"the form field {shown(key)} mixes a list with other forms")
+            child.append(value)
+            return
+        if not isinstance(child, dict):
+            raise BadInput(f"the form field {shown(key)} conflicts with another field")
+        node, name = child, part
+    if name in node:
+        # Stripe's parser keeps one of the two; which one is not ours to guess.
+        raise BadInput(f"the form field {shown(key)} is given more than once")
+    node[name] = value
+
+
+def _listify(value: Any) -> Any:
+    """``expand[0]=a&expand[1]=b`` (stripe-python's form) equals ``expand[]=a&expand[]=b``."""
+    if isinstance(value, list):
+        return [_listify(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    items = {key: _listify(item) for key, item in value.items()}
+    indexes = [str(index) for index in range(len(items))]
+    if items and set(items) == set(indexes):
+        return [items[index] for index in indexes]
+    return items
+
+
+def _amount(key: str, value: Any) -> int:
+    # Money is integer minor units: "12.5", "1e3", "-5", "+5" and " 5" are all refused.
+    if not isinstance(value, str) or not _DIGITS.match(value):
+        raise BadInput(f"{key} must be a non-negative integer in minor units, got {value!r}")
+    if len(value) > 18:
+        raise BadInput(f"{key} {value[:24]}… is too large")
+    return int(value)
