@@ -36,6 +36,7 @@ from ctrlrun.upstreams import Upstream
 from .answers import Answer, answer
 from .classify import Outcome, classify
 from .forward import Forwarder, Reply, forward_headers
+from .metrics import Metrics
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request
 
 log = logging.getLogger("ctrlrun.proxy")
@@ -59,7 +60,9 @@ class Guard:
         reconcilers: Mapping[str, ProxyReconciler | None],
         *,
         reconcile_deadline: float = 10.0,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self.control = control
         self.forwarder = forwarder
         self.reconcilers = reconcilers
@@ -93,6 +96,7 @@ class Guard:
                    key: str | None = None, receipt: str | None = None,
                    request_id: str | None = None, exc: BaseException | None = None) -> Answer:
             receipt = receipt or getattr(exc, "receipt_id", None)
+            self.metrics.decisions.labels(action or "-", outcome).inc()
             log.info("refused %s %s: %s (%s)", request.method, request.path, outcome, reason)
             return answer(up.profile, outcome, reason=reason, message=message, action=action,
                           effect_key=key, receipt_id=receipt, request_id=request_id)
@@ -155,6 +159,7 @@ class Guard:
         except ActionDenied as exc:
             return refuse("denied", exc.reason, str(exc), action=action.name, key=key, exc=exc)
         except CTRLRunError as exc:
+            self.metrics.store_errors.inc()
             log.error("ledger unavailable for %s: %s", action.name, exc)
             return refuse("unavailable", "store_unavailable", f"the ledger is unavailable: {exc}",
                           action=action.name, key=key)
@@ -169,9 +174,13 @@ class Guard:
         result: Reply | Answer
         finished = False
         try:
+            started = asyncio.get_running_loop().time()
             reply = await self.forwarder.send(up, request.method, target, out_headers, request.body)
+            self.metrics.upstream_latency.labels(up.name).observe(
+                asyncio.get_running_loop().time() - started)
             outcome = classify(up.profile, action.name, status=reply.status,
                                transport=reply.transport, body=reply.body)
+            self.metrics.decisions.labels(action.name, outcome.value).inc()
             error = reply.error or (None if outcome is Outcome.COMMITTED else f"HTTP {reply.status}")
             finished = True
             receipt = await asyncio.to_thread(ctl.finish, attempt, outcome.value, error=error)
@@ -221,7 +230,9 @@ class Guard:
                 asyncio.to_thread(ctl.eager_reconcile, attempt, hook, True),
                 timeout=self.reconcile_deadline)
         except TimeoutError:
+            self.metrics.reconciliations.labels("unknown").inc()
             return "no answer in time (unknown)"
+        self.metrics.reconciliations.labels(str(found or "unknown")).inc()
         return str(found or "unknown")
 
     async def _replay_ambiguous(

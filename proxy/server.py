@@ -26,8 +26,10 @@ from ctrlrun.store import StateStore
 from ctrlrun.upstreams import Upstream
 
 from .addon import CtrlrunAddon
+from .admin import Admin
 from .forward import Forwarder
 from .guard import Guard
+from .metrics import Metrics
 from .principal import Principals
 
 log = logging.getLogger("ctrlrun.proxy")
@@ -156,10 +158,14 @@ async def _serve(sidecar: Sidecar) -> int:
     if bundle:
         opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
     forwarder = Forwarder(sidecar.upstreams)
+    metrics = Metrics()
     guard = Guard(lambda: sidecar.control, forwarder, sidecar.reconcilers,
-                  reconcile_deadline=settings.reconcile_deadline)
+                  reconcile_deadline=settings.reconcile_deadline, metrics=metrics)
     addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
-    master.addons.add(addon, _Announce(sidecar, master, confdir))
+    admin = None
+    if settings.admin:
+        admin = await Admin(lambda: sidecar.store, metrics).start(*settings.admin)
+    master.addons.add(addon, _Announce(sidecar, master, confdir, admin))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
 
@@ -178,6 +184,8 @@ async def _serve(sidecar: Sidecar) -> int:
     while guard.active and loop.time() < deadline:
         await asyncio.sleep(0.05)
     sweeper.cancel()
+    if admin is not None:
+        admin.close()
     master.shutdown()
     with contextlib.suppress(Exception):
         await runner
@@ -202,8 +210,9 @@ async def _sweep_forever(sidecar: Sidecar) -> None:
 class _Announce:
     """Prints the one start-up line once mitmproxy's listeners are bound."""
 
-    def __init__(self, sidecar: Sidecar, master: object, confdir: Path) -> None:
-        self.sidecar, self.master, self.confdir = sidecar, master, confdir
+    def __init__(self, sidecar: Sidecar, master: object, confdir: Path,
+                 admin: asyncio.Server | None) -> None:
+        self.sidecar, self.master, self.confdir, self.admin = sidecar, master, confdir, admin
 
     def running(self) -> None:
         server = self.master.addons.get("proxyserver")  # type: ignore[attr-defined]
@@ -213,6 +222,9 @@ class _Announce:
             spec = instance.mode.full_spec
             name = "proxy" if spec.startswith("regular") else f"reverse {self.sidecar_name(spec)}"
             parts.append(f"{name} {addrs}")
+        if self.admin is not None:
+            host, port = self.admin.sockets[0].getsockname()[:2]
+            parts.append(f"admin {_bracket(host)}:{port}")
         ca = self.confdir / "mitmproxy-ca-cert.pem"
         key = self.confdir / "mitmproxy-ca.pem"
         with contextlib.suppress(OSError):

@@ -324,6 +324,21 @@ def stats(as_json: bool, store_url: str | None) -> None:
 
 
 @main.command()
+@click.option("--dir", "workdir", metavar="DIR", default=".ctrlrun/demo", show_default=True, help="Where the demo keeps its policy and ledger.")
+@errors
+def demo(workdir: str) -> None:
+    """See ctrlrun work, offline, in under a minute: a real sidecar, fake Stripe and Kubernetes.
+
+    Example: ctrlrun demo && ctrlrun receipts --store-url sqlite:///.ctrlrun/demo/state.db
+    """
+    try:
+        from ctrlrun.proxy import demo as demo_module
+    except ImportError as exc:
+        raise MissingDependency("mitmproxy", "proxy") from exc
+    sys.exit(demo_module.main(workdir))
+
+
+@main.command()
 @click.option("--policy", "policy_file", metavar="FILE", help="Policy file (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="Explicit proxy listener (HTTPS_PROXY/HTTP_PROXY).")
 @store_option
