@@ -65,7 +65,8 @@ def insert_effect(conn: Connection, values: Mapping[str, Any]) -> bool:
         stmt = sqlite.insert(E).values(**values).on_conflict_do_nothing()
     else:  # pragma: no cover - only the two engines above are supported
         stmt = insert(E).values(**values)
-    return conn.execute(stmt).rowcount == 1
+    # Not rowcount: SQLAlchemy does not report it for an INSERT on psycopg 3 (it reads -1).
+    return conn.execute(stmt.returning(E.c.effect_key)).first() is not None
 
 
 def move_effect(
@@ -180,6 +181,7 @@ def store_receipt(conn: Connection, doc: Mapping[str, Any], body: str, digest: s
             prev_hash=doc["prev_hash"],
             hash=digest,
             event_pos=conn.execute(select(func.max(events.c.event_id))).scalar(),
+            action=doc["action"],
         )
     )
     conn.execute(update(receipt_chain).where(receipt_chain.c.id == 1).values(hash=digest))

@@ -58,8 +58,10 @@ receipts = Table(
     Column("prev_hash", String(80), nullable=False),
     Column("hash", String(80), nullable=False),
     Column("event_pos", BigInteger),  # the last event written before it: timeline order
+    Column("action", String),  # revision 0002
 )
 Index("receipts_by_action", receipts.c.action_id)
+Index("receipts_by_result", receipts.c.result, receipts.c.action)
 
 receipt_chain = Table(
     "receipt_chain",

@@ -22,8 +22,8 @@ from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreErr
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0001"
-KNOWN_REVISIONS = ("0001",)
+HEAD_REVISION = "0002"
+KNOWN_REVISIONS = ("0001", "0002")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 
@@ -177,7 +177,7 @@ class PostgresStateStore(StateStore):
             raise InvalidArgument(f"not a PostgreSQL URL: {parsed.drivername}://…")
         engine = create_engine(
             parsed,
-            pool_pre_ping=True,
+            pool_recycle=300,
             pool_size=10,
             max_overflow=20,
             connect_args={"connect_timeout": 5},

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from . import ledger
 from .events import TIMELINE_EVENTS
@@ -122,9 +122,11 @@ def inspection(conn: Connection, action_id: str) -> dict[str, Any] | None:
 def stats(conn: Connection) -> dict[str, Any]:
     by_result: Counter[str] = Counter()
     by_action: Counter[str] = Counter()
-    for action, result in conn.execute(select(receipts.c.json, receipts.c.result)):
-        by_result[result] += 1
-        by_action[json.loads(action)["action"]] += 1
+    rows = conn.execute(select(receipts.c.result, receipts.c.action, func.count())
+                        .group_by(receipts.c.result, receipts.c.action))
+    for result, action, n in rows:
+        by_result[result] += n
+        by_action[action or "?"] += n
     return {
         "schema": "ctrlrun.stats/v1",
         "receipts": sum(by_result.values()),
