@@ -1,0 +1,143 @@
+"""The deployment files parse, name only what the repository builds, and start a valid proxy."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def dockerfile_argv() -> list[str]:
+    entry, cmd = [], []
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if line.startswith("ENTRYPOINT "):
+            entry = yaml.safe_load(line.removeprefix("ENTRYPOINT "))
+        if line.startswith("CMD "):
+            cmd = yaml.safe_load(line.removeprefix("CMD "))
+    return entry + cmd
+
+
+def run_check(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run a deployed command line with ``--check``, its absolute paths moved under tmp_path."""
+    policy = tmp_path / "etc" / "ctrlrun.yaml"
+    policy.parent.mkdir(parents=True, exist_ok=True)
+    configmap = documents(DEPLOY / "kubernetes" / "configmap.yaml")[0]
+    sa = tmp_path / "sa"
+    sa.mkdir(exist_ok=True)
+    (sa / "ca.crt").write_text(_any_ca())
+    (sa / "token").write_text("token")
+    policy.write_text(configmap["data"]["ctrlrun.yaml"].replace(SA, str(sa)))
+    mapped = []
+    for arg in argv:
+        arg = arg.replace("/etc/ctrlrun/ctrlrun.yaml", str(policy))
+        for prefix in ("/var/lib/ctrlrun", "/ca"):
+            if arg == prefix or arg.startswith(prefix + "/"):
+                arg = str(tmp_path / arg.lstrip("/"))
+        mapped.append(arg)
+    assert mapped[:2] == ["ctrlrun", "proxy"], mapped
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "CTRLRUN_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
+    return subprocess.run([sys.executable, "-m", "ctrlrun.cli", *mapped[1:], "--check"],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def _any_ca() -> str:
+    import certifi
+
+    return Path(certifi.where()).read_text()
+
+
+def test_dockerfile_command_passes_check(tmp_path: Path) -> None:
+    argv = dockerfile_argv()
+    assert argv[:2] == ["ctrlrun", "proxy"]
+    result = run_check(argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok:")
+
+
+def test_dockerfile_builds_only_repository_sources() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (ROOT / src).exists(), src
+    assert "USER 10001" in text and "HEALTHCHECK" in text
+    assert "'.[proxy,postgres]'" in text
+
+
+def kube_objects() -> dict[str, dict]:
+    objs = {}
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        for doc in documents(path):
+            objs[f"{doc['kind']}/{doc.get('metadata', {}).get('name', path.stem)}"] = doc
+    return objs
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kust = documents(DEPLOY / "kubernetes" / "kustomization.yaml")[0]
+    files = {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kust["resources"]) == files
+    assert [i["name"] for i in kust["images"]] == ["ctrlrun"]
+
+
+def test_sidecar_manifest_wires_proxy_ca_policy_store_and_probes() -> None:
+    objs = kube_objects()
+    pod = objs["Deployment/refund-agent"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    agent, sidecar = containers["agent"], containers["ctrlrun"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:8080"
+    assert env["SSL_CERT_FILE"].startswith("/ca/")
+    assert sidecar["image"] == "ctrlrun"
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sidecar["resources"]["limits"] and agent["resources"]["limits"]
+    store = next(e for e in sidecar["env"] if e["name"] == "CTRLRUN_STORE_URL")
+    assert store["valueFrom"]["secretKeyRef"]["name"] in {k.split("/")[1] for k in objs if k.startswith("Secret/")}
+    assert "ConfigMap/ctrlrun-policy" in objs and "NetworkPolicy/refund-agent-egress" in objs
+
+
+@pytest.mark.parametrize("container", ["ctrlrun", "ctrlrun-ca"])
+def test_manifest_command_lines_pass_check(container: str, tmp_path: Path) -> None:
+    pod = kube_objects()["Deployment/refund-agent"]["spec"]["template"]["spec"]
+    spec = {c["name"]: c for c in pod["containers"] + pod["initContainers"]}[container]
+    argv = spec.get("command") or [*dockerfile_argv()[:2], *spec["args"]]
+    argv = [a for a in argv if a != "--check"]
+    result = run_check(argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_file_parses_and_builds_the_dockerfile() -> None:
+    compose = documents(DEPLOY / "compose.yaml")[0]
+    build = compose["services"]["ctrlrun"]["build"]
+    assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+    assert (DEPLOY / "policy.yaml").exists()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    unit = (DEPLOY / "systemd" / "ctrlrun-proxy.service").read_text()
+    ctrlrun = shutil.which("ctrlrun") or str(Path(sys.executable).with_name("ctrlrun"))
+    unit = unit.replace("/usr/local/bin/ctrlrun", ctrlrun)
+    path = tmp_path / "ctrlrun-proxy.service"
+    path.write_text(unit)
+    result = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    errors = [line for line in (result.stdout + result.stderr).splitlines()
+              if "ctrlrun-proxy.service" in line and "Failed" in line]
+    assert not errors, result.stderr
+    for arg in shlex.split(unit.split("ExecStart=")[1].splitlines()[0])[1:3]:
+        assert arg in ("proxy", "--policy")
