@@ -96,7 +96,8 @@ def _env() -> dict[str, str]:
 
 
 def outcome(response: httpx.Response) -> str:
-    return response.headers.get("x-ctrlrun-outcome", f"HTTP {response.status_code} from the remote")
+    return str(response.headers.get("x-ctrlrun-outcome",
+                                    f"HTTP {response.status_code} from the remote"))
 
 
 def run(workdir: Path, say: Callable[[str], None] = print) -> int:

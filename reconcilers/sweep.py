@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ctrlrun import ledger
 from ctrlrun.action import parse_iso
 from ctrlrun.control import Control
+from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.states import EffectState
 
 from .base import EffectFacts, ProxyReconciler
@@ -62,8 +63,11 @@ def sweep(
             if keys:
                 results.append((row["effect_key"], "no reconciler for this effect"))
             continue
-        facts = facts_for(row)
-        answer = control.reconciler.run(row["effect_key"], lambda _k, f=facts, r=reconciler: r(f),
+        answer = control.reconciler.run(row["effect_key"], _ask(reconciler, facts_for(row)),
                                         trigger="sweep")
         results.append((row["effect_key"], answer))
     return results
+
+
+def _ask(reconciler: ProxyReconciler, facts: EffectFacts) -> Callable[[str], ReconcileOutcome]:
+    return lambda _key: reconciler(facts)
