@@ -1,1 +1,35 @@
-"""Built-in reconcilers: ask the remote what really happened to an ambiguous effect."""
+"""Built-in reconcilers: ask the remote what really happened to an ambiguous effect.
+
+For the SDK, factories return ``reconcile=`` hooks that read the arguments back out of the
+effect key (``stripe_refunds``, ``stripe_payment_intent_cancels``, ``kubernetes_scale``,
+``kubernetes_deletes``). For the proxy, one reconciler object per upstream receives the
+effect's :class:`EffectFacts` (``StripeReconciler``, ``KubernetesReconciler``,
+``DeclarativeReconciler``). Reconcilers only read; what they cannot prove is ``unknown``.
+"""
+
+from __future__ import annotations
+
+from .base import EffectFacts, ProxyReconciler
+from .declarative import DeclarativeReconciler
+from .factories import (
+    kubernetes_deletes,
+    kubernetes_scale,
+    parse_effect_key,
+    stripe_payment_intent_cancels,
+    stripe_refunds,
+)
+from .kubernetes import KubernetesReconciler
+from .stripe import StripeReconciler
+
+__all__ = [
+    "DeclarativeReconciler",
+    "EffectFacts",
+    "KubernetesReconciler",
+    "ProxyReconciler",
+    "StripeReconciler",
+    "kubernetes_deletes",
+    "kubernetes_scale",
+    "parse_effect_key",
+    "stripe_payment_intent_cancels",
+    "stripe_refunds",
+]

@@ -25,6 +25,9 @@ class EffectFacts:
     idempotency_key: str | None = None  # the key the attempt was forwarded with (Stripe)
     # The credentials of the request that produced the effect, held in memory only.
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The attempt number; with the effect key it names the token the proxy injected as the
+    # Idempotency-Key when the client sent none (``idempotency_token_for``).
+    attempt: int = 1
 
 
 class ProxyReconciler(Protocol):

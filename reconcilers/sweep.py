@@ -32,6 +32,7 @@ def facts_for(row: Mapping[str, Any], credentials: Mapping[str, str] | None = No
         attempt_started_at=parse_iso(started),
         idempotency_key=row["idempotency_key"],
         credentials=dict(credentials or {}),
+        attempt=int(row["attempt"]),
     )
 
 

@@ -1,0 +1,283 @@
+"""What really happened to an ambiguous Stripe write, asked of Stripe with GETs only.
+
+=============================  ============================================================
+action                         answer
+=============================  ============================================================
+stripe.refund                  committed: a ``refund.created`` event carries the attempt's
+                               ``Idempotency-Key``, or exactly one refund of the payment
+                               created since the attempt (less 5 s) matches by amount;
+                               not_executed: the complete list holds no such refund
+stripe.cancel_payment_intent   the payment intent's ``status`` is (not) ``canceled``
+stripe.delete_customer         the customer is (not) ``deleted``
+stripe.payout                  committed: a ``payout.created`` event carries the key
+=============================  ============================================================
+
+Everything else, and everything unproven (unreachable, 5xx, two refunds of the same amount,
+a list longer than the page bound), is ``unknown``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Collection, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from ctrlrun.context import idempotency_token_for
+from ctrlrun.errors import InvalidArgument
+from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.upstreams import Upstream
+
+from .base import EffectFacts
+from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Params, Reader, Verdict, bearer
+
+log = logging.getLogger("ctrlrun.reconcilers")
+
+STRIPE_API = "https://api.stripe.com"
+SKEW_SECONDS = 5  # Stripe's ``created`` is whole seconds, and clocks differ
+MAX_PAGES = 50  # of 100 objects each
+_CHARGE_PREFIXES = ("ch_", "py_")
+
+Page = tuple[list[dict[str, Any]], bool]  # the objects read, and whether the list is complete
+
+
+class StripeReconciler:
+    """Answers for one Stripe upstream (see the module docstring for the table)."""
+
+    def __init__(
+        self,
+        base_url: str = STRIPE_API,
+        *,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        ca_file: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        deadline: float = DEFAULT_DEADLINE,
+        max_pages: int = MAX_PAGES,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if timeout <= 0 or deadline <= 0 or max_pages < 1:
+            raise InvalidArgument("timeout and deadline must be positive, max_pages at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.ca_file = ca_file
+        self.timeout = timeout
+        self.deadline = deadline
+        self.max_pages = max_pages
+        self._api_key = api_key
+        self._api_key_env = api_key_env  # read when asked, so the key is not kept here
+        self._transport = transport
+
+    def __repr__(self) -> str:
+        return f"StripeReconciler({self.base_url!r})"
+
+    @classmethod
+    def for_upstream(cls, upstream: Upstream) -> StripeReconciler:
+        return cls(upstream.url, api_key_env=upstream.api_key_env, ca_file=upstream.ca_file)
+
+    def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
+        try:
+            key = facts.idempotency_key or idempotency_token_for(facts.effect_key, facts.attempt)
+        except InvalidArgument:
+            key = None
+        return self.answer(
+            facts.action,
+            facts.arguments,
+            started_at=facts.attempt_started_at,
+            idempotency_keys=[key] if key else [],
+            credentials=facts.credentials,
+            effect_key=facts.effect_key,
+        )
+
+    def answer(
+        self,
+        action: str,
+        arguments: Mapping[str, Any],
+        *,
+        started_at: datetime,
+        idempotency_keys: Collection[str] = (),
+        credentials: Mapping[str, str] | None = None,
+        effect_key: str = "",
+    ) -> ReconcileOutcome:
+        """Ask about one write; any of ``idempotency_keys`` identifies it in Stripe's events."""
+        ask: dict[str, Callable[[Reader, Mapping[str, Any], int, Collection[str]], Verdict]] = {
+            "stripe.refund": self._refund,
+            "stripe.cancel_payment_intent": _cancel,
+            "stripe.delete_customer": _delete_customer,
+            "stripe.payout": self._payout,
+        }
+        how = ask.get(action)
+        verdict: Verdict = ("unknown", "no Stripe reconciler for this action")
+        if how is not None:
+            with Reader(
+                self.base_url,
+                headers=self._headers(credentials or {}),
+                ca_file=self.ca_file,
+                timeout=self.timeout,
+                deadline=self.deadline,
+                transport=self._transport,
+            ) as reader:
+                verdict = how(reader, arguments, _since(started_at), idempotency_keys)
+        log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
+        return verdict[0]
+
+    # -- the questions -----------------------------------------------------------------------
+
+    def _refund(
+        self, reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]
+    ) -> Verdict:
+        target = _payment(args)
+        amount = _int(args.get("amount"))
+        if target is None or (args.get("amount") is not None and amount is None):
+            return "unknown", "no payment_intent/charge (or a bad amount) among the arguments"
+        field, payment = target
+        listed = self._scan(reader, "/v1/refunds", [(field, payment)], since)
+        refunds, complete = ([], False) if isinstance(listed, Miss) else listed
+        recent = [r for r in refunds if _since_ok(r, since)]
+        if complete and not recent:
+            return "not_executed", "no refund of the payment since the attempt"
+
+        # Some refund exists (or the list is unreadable): was one of them made with the key?
+        def ours(event: dict[str, Any]) -> bool:
+            refund = _event_object(event, keys)
+            return refund is not None and refund.get(field) == payment
+
+        kind = [("type", "refund.created")]
+        events = self._scan(reader, "/v1/events", kind, since, ours) if keys else Miss.UNKNOWN
+        if not isinstance(events, Miss) and any(ours(e) for e in events[0]):
+            return "committed", "a refund.created event carries the attempt's Idempotency-Key"
+        if isinstance(listed, Miss):
+            return "unknown", "the refunds could not be listed"
+        matches = [r for r in recent if amount is None or r.get("amount") == amount]
+        if len(matches) > 1:
+            return "unknown", f"{len(matches)} refunds since the attempt match by amount"
+        if not complete:
+            return "unknown", f"more than {self.max_pages} pages of refunds to read"
+        if matches:
+            return "committed", "one refund since the attempt matches by amount"
+        return "not_executed", "no refund of the payment since the attempt matches by amount"
+
+    def _payout(
+        self, reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]
+    ) -> Verdict:
+        def ours(event: dict[str, Any]) -> bool:
+            return _event_object(event, keys) is not None
+
+        events = self._scan(reader, "/v1/events", [("type", "payout.created")], since, ours)
+        if not isinstance(events, Miss) and any(ours(e) for e in events[0]):
+            return "committed", "a payout.created event carries the attempt's Idempotency-Key"
+        return "unknown", "payouts are identified by the Idempotency-Key only"
+
+    def _scan(
+        self,
+        reader: Reader,
+        path: str,
+        params: Params,
+        since: int,
+        stop: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> Page | Miss:
+        """Read a list (newest first) created since ``since``, until ``stop`` holds for one."""
+        found: list[dict[str, Any]] = []
+        after: str | None = None
+        for _ in range(self.max_pages):
+            page_params = [*params, ("created[gte]", since), ("limit", 100)]
+            if after is not None:
+                page_params.append(("starting_after", after))
+            page = reader.get(path, page_params)
+            if isinstance(page, Miss):
+                return Miss.UNKNOWN
+            data, more = page.get("data"), page.get("has_more")
+            if not isinstance(data, list) or not isinstance(more, bool):
+                return Miss.UNKNOWN
+            if not all(isinstance(o, dict) and isinstance(o.get("id"), str) for o in data):
+                return Miss.UNKNOWN
+            found.extend(data)
+            if not more or (stop is not None and any(stop(o) for o in data)):
+                return found, not more
+            if not data:
+                return Miss.UNKNOWN  # has_more with an empty page: no cursor to go on with
+            after = data[-1]["id"]
+        return found, False
+
+    def _headers(self, credentials: Mapping[str, str]) -> dict[str, str]:
+        key = self._api_key or (os.environ.get(self._api_key_env) if self._api_key_env else None)
+        headers = bearer(credentials, key)
+        for name, value in credentials.items():
+            if name.lower() == "stripe-account" and value:  # a Connect account's objects
+                headers["Stripe-Account"] = value
+        return headers
+
+
+def _cancel(reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]) -> Verdict:
+    pi = args.get("payment_intent") or args.get("payment_id")
+    if not isinstance(pi, str) or not pi:
+        return "unknown", "no payment_intent among the arguments"
+    reply = reader.get(f"/v1/payment_intents/{quote(pi, safe='')}")
+    if isinstance(reply, Miss):
+        return "unknown", f"the payment intent could not be read ({reply.value})"
+    status = reply.get("status")
+    if status == "canceled":
+        return "committed", "the payment intent is canceled"
+    if isinstance(status, str):
+        return "not_executed", f"the payment intent is {status}"
+    return "unknown", "the payment intent has no status"
+
+
+def _delete_customer(
+    reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]
+) -> Verdict:
+    customer = args.get("customer")
+    if not isinstance(customer, str) or not customer:
+        return "unknown", "no customer among the arguments"
+    reply = reader.get(f"/v1/customers/{quote(customer, safe='')}")
+    if isinstance(reply, Miss):
+        return "unknown", f"the customer could not be read ({reply.value})"
+    if reply.get("deleted") is True:
+        return "committed", "the customer is deleted"
+    return "not_executed", "the customer exists"
+
+
+def _event_object(event: dict[str, Any], keys: Collection[str]) -> dict[str, Any] | None:
+    """The event's object when the request that caused it carried one of ``keys``."""
+    request, data = event.get("request"), event.get("data")
+    if not isinstance(request, dict) or request.get("idempotency_key") not in keys:
+        return None
+    obj = data.get("object") if isinstance(data, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+
+def _payment(args: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Which list filter finds the refund: ``("payment_intent", id)`` or ``("charge", id)``."""
+    for field in ("payment_intent", "charge"):
+        value = args.get(field)
+        if isinstance(value, str) and value:
+            return field, value
+    value = args.get("payment_id")
+    if isinstance(value, str) and value.startswith("pi_"):
+        return "payment_intent", value
+    if isinstance(value, str) and value.startswith(_CHARGE_PREFIXES):
+        return "charge", value
+    return None  # an id of no known shape: a wrong filter would list nothing, proving nothing
+
+
+def _int(value: Any) -> int | None:
+    """An integer (a string of digits too); None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def _since_ok(obj: dict[str, Any], since: int) -> bool:
+    created = _int(obj.get("created"))
+    return created is not None and created >= since
+
+
+def _since(started_at: datetime) -> int:
+    """The earliest ``created`` the attempt's object can carry, in whole seconds."""
+    aware = started_at if started_at.tzinfo else started_at.replace(tzinfo=UTC)
+    return math.floor(aware.timestamp()) - SKEW_SECONDS
