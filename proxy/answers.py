@@ -123,6 +123,6 @@ def _message(outcome: str, message: str, *, effect_key: str | None, request_id: 
         f"happened; do not retry blindly: run 'ctrlrun reconcile {key}', or settle it with "
         f"'ctrlrun resolve {key} --committed' (or --failed)",
         "invalid_request": "Nothing was forwarded; fix the request and re-send it",
-        "unavailable": "Nothing was forwarded or recorded; re-sending later is safe",
+        "unavailable": "Nothing was forwarded; re-sending later is safe",
     }
     return f"ctrlrun: {what}. {hints[outcome]}."

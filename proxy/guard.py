@@ -135,7 +135,8 @@ class Guard:
                 # The client's own transport retry of an attempt still executing: same answer.
                 return await asyncio.shield(same.done)
             if idem:
-                replay = await self._replay_ambiguous(ctl, up, key, idem, target, headers, request)
+                replay = await self._replay_ambiguous(ctl, up, action, key, idem, target, headers,
+                                                      request)
                 if replay is not None:
                     return replay
         lazy = self._lazy_hook(up, creds)
@@ -157,6 +158,9 @@ class Guard:
             return refuse("approval_invalid", exc.reason, str(exc), action=action.name, key=key,
                           request_id=exc.approval_id, exc=exc)
         except ActionDenied as exc:
+            if exc.reason == "approval_denied":  # a presented approval a human denied
+                return refuse("approval_invalid", exc.reason, str(exc), action=action.name,
+                              key=key, request_id=hdr.get("ctrlrun-approval"), exc=exc)
             return refuse("denied", exc.reason, str(exc), action=action.name, key=key, exc=exc)
         except CTRLRunError as exc:
             self.metrics.store_errors.inc()
@@ -185,7 +189,12 @@ class Guard:
             finished = True
             receipt = await asyncio.to_thread(ctl.finish, attempt, outcome.value, error=error)
             result = reply
-            if outcome is Outcome.AMBIGUOUS or reply.cut_short:
+            if reply.status is None and outcome is Outcome.FAILED:
+                result = refuse("unavailable", "upstream_unreachable",
+                                f"the remote could not be reached ({error}); nothing was sent, "
+                                "and the attempt is recorded failed", action=action.name, key=key,
+                                receipt=receipt.receipt_id)
+            elif outcome is Outcome.AMBIGUOUS or reply.cut_short:
                 found = "not asked"
                 if up.reconcile == "eager" and self.reconcilers.get(up.name) and key is not None:
                     found = await self._eager(ctl, attempt, up, creds)
@@ -236,18 +245,22 @@ class Guard:
         return str(found or "unknown")
 
     async def _replay_ambiguous(
-        self, ctl: Control, up: Upstream, key: str, idem: str, target: str,
+        self, ctl: Control, up: Upstream, action: Action, key: str, idem: str, target: str,
         headers: Sequence[tuple[str, str]], request: Request,
     ) -> Reply | None:
         """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it."""
         def read() -> Any:
             with ctl.store.reading() as conn:
-                return ledger.get_effect(conn, key)
+                return ledger.get_effect(conn, key), ledger.get_effect_row(conn, key)
 
-        record = await asyncio.to_thread(read)
+        record, row = await asyncio.to_thread(read)
         if record is None or record.state is not EffectState.AMBIGUOUS:
             return None
         if record.idempotency_key != idem or utc_now() - record.updated_at > REPLAY_WINDOW:
+            return None
+        if row is None or row["action_json"] != action.canonical.decode("utf-8"):
+            # The old key on a changed request is not a transport retry: Stripe would refuse
+            # it (idempotency_error), and that 400 says nothing about the first attempt.
             return None
         await asyncio.to_thread(ctl.reconciler.started, key, "idempotent_replay")
         reply = await self.forwarder.send(up, request.method, target, forward_headers(headers),

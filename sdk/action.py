@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from .errors import InvalidArgument
@@ -120,11 +121,11 @@ class Action:
             "schema": ACTION_SCHEMA,
         }
 
-    @property
+    @cached_property
     def canonical(self) -> bytes:
         return canonical_bytes(self.canonical_document())
 
-    @property
+    @cached_property
     def hash(self) -> str:
         return sha256(self.canonical)
 

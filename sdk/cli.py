@@ -205,11 +205,11 @@ def inspect_cmd(action_id: str, as_json: bool, store_url: str | None) -> None:
 
 @main.command()
 @click.argument("effect_key")
-@click.option("--committed", "state", flag_value="committed", help="The remote did it.")
-@click.option("--failed", "state", flag_value="failed", help="The remote did not; a retry is permitted.")
+@click.option("--committed", is_flag=True, help="The remote did it.")
+@click.option("--failed", is_flag=True, help="The remote did not; a retry is permitted.")
 @store_option
 @errors
-def resolve(effect_key: str, state: str | None, store_url: str | None) -> None:
+def resolve(effect_key: str, committed: bool, failed: bool, store_url: str | None) -> None:
     """Settle an AMBIGUOUS effect by hand, after checking the remote.
 
     \b
@@ -217,8 +217,9 @@ def resolve(effect_key: str, state: str | None, store_url: str | None) -> None:
       ctrlrun resolve refund:pi_123 --committed   # the refund exists at Stripe
       ctrlrun resolve refund:pi_123 --failed      # it does not; a retry may run
     """
-    if state is None:
-        raise click.UsageError("say what happened: --committed or --failed")
+    if committed == failed:  # neither, or both: a typo must never license a retry
+        raise click.UsageError("say what happened: --committed or --failed (exactly one)")
+    state = "committed" if committed else "failed"
     from .reconcile import Reconciler
 
     store = reader(store_url)

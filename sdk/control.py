@@ -199,6 +199,10 @@ class Control:
     ) -> None:
         action, key = attempt.action, attempt.effect_key
         observe = attempt.would_have is not None or self.policy.mode == "observe"
+        if key is not None and approval_id is None and not observe:
+            # Most keys are new: try the insert first and read the record only if it exists.
+            if self._insert_new(conn, attempt, key, now, lease, idempotency_key, upstream):
+                return
         if key is not None:
             record = ledger.get_effect(conn, key)
             plan = plan_reservation(record, now, window)
@@ -252,20 +256,7 @@ class Control:
                                 approval_id=approval_id, data={"approver": attempt.approval.approver})
         if key is not None:
             assert isinstance(plan, Reserve)
-            values = {
-                "action_id": action.action_id,
-                "attempt": plan.attempt,
-                "lease_expires_at": iso(now + lease),
-                "action_name": action.name,
-                "action_json": action.canonical.decode("utf-8"),
-                "idempotency_key": idempotency_key,
-                "upstream": upstream,
-                "updated_at": iso(now),
-                "attempt_started_at": iso(now),
-                "result_json": None,
-                "error": None,
-                "resolved_by": None,
-            }
+            values = _effect_values(action, plan.attempt, now, lease, idempotency_key, upstream)
             # Reserved and executing in one transaction: nobody can see the key in between.
             if plan.previous is EffectState.NEW:
                 won = ledger.insert_effect(conn, {**values, "effect_key": key,
@@ -283,15 +274,32 @@ class Control:
             if not won:  # another sidecar took it between our read and our write: re-plan
                 gate.extra["retry"] = True
                 return
-            attempt.attempt, attempt.held = plan.attempt, True
-            ledger.append_events(conn, [
-                ledger.event_row(now, EventType.EFFECT_RESERVED, action.action_id, key,
-                                 data={"attempt": plan.attempt,
-                                       "lease_expires_at": iso(now + lease)}),
-                ledger.event_row(now, EventType.EXECUTION_STARTED, action.action_id, key),
-            ])
+            self._held(conn, attempt, key, plan.attempt, now, lease)
         else:
             ledger.append_event(conn, now, EventType.EXECUTION_STARTED, action_id=action.action_id)
+
+    def _insert_new(
+        self, conn: Connection, attempt: Attempt, key: str, now: datetime, lease: timedelta,
+        idempotency_key: str | None, upstream: str | None,
+    ) -> bool:
+        values = _effect_values(attempt.action, 1, now, lease, idempotency_key, upstream)
+        values.update(effect_key=key, state=EffectState.EXECUTING.value, created_at=iso(now))
+        if not ledger.insert_effect(conn, values):
+            return False
+        self._held(conn, attempt, key, 1, now, lease)
+        return True
+
+    @staticmethod
+    def _held(
+        conn: Connection, attempt: Attempt, key: str, number: int, now: datetime, lease: timedelta
+    ) -> None:
+        attempt.attempt, attempt.held = number, True
+        action_id = attempt.action.action_id
+        ledger.append_events(conn, [
+            ledger.event_row(now, EventType.EFFECT_RESERVED, action_id, key,
+                             data={"attempt": number, "lease_expires_at": iso(now + lease)}),
+            ledger.event_row(now, EventType.EXECUTION_STARTED, action_id, key),
+        ])
 
     # -- after execution ---------------------------------------------------------------------
 
@@ -319,10 +327,11 @@ class Control:
                     error = f"outcome {outcome} not recorded: the record moved while executing"
                     outcome, event = "ambiguous", EventType.EXECUTION_AMBIGUOUS
             data = {"error": error} if outcome != "committed" else {}
-            ledger.append_event(conn, now, event, action_id=action.action_id, effect_key=key,
-                                data=data)
-            result = "observed" if attempt.would_have is not None or self.policy.mode == "observe" else outcome
-            receipt = self._receipt(conn, attempt, result, outcome, now, error=error)
+            pos = ledger.append_event(conn, now, event, action_id=action.action_id,
+                                      effect_key=key, data=data)
+            observed = attempt.would_have is not None or self.policy.mode == "observe"
+            receipt = self._receipt(conn, attempt, "observed" if observed else outcome, outcome,
+                                    now, error=error, event_pos=pos)
         log.info("%s %s key=%s receipt=%s", action.name, outcome, key, receipt.receipt_id)
         return receipt
 
@@ -412,6 +421,7 @@ class Control:
         *,
         error: str | None = None,
         approval_id: str | None = None,
+        event_pos: int | None = None,
     ) -> Receipt:
         action = attempt.action
         fields: dict[str, Any] = {
@@ -437,7 +447,28 @@ class Control:
         if result == "observed":
             fields["execution"] = execution
             fields["would_have"] = attempt.would_have
-        return write_receipt(conn, fields)
+        return write_receipt(conn, fields, event_pos=event_pos)
+
+
+def _effect_values(
+    action: Action, number: int, now: datetime, lease: timedelta, idempotency_key: str | None,
+    upstream: str | None,
+) -> dict[str, Any]:
+    return {
+        "action_id": action.action_id,
+        "attempt": number,
+        "lease_expires_at": iso(now + lease),
+        "action_name": action.name,
+        "action_json": action.canonical.decode("utf-8"),
+        "idempotency_key": idempotency_key,
+        "upstream": upstream,
+        "updated_at": iso(now),
+        "attempt_started_at": iso(now),
+        "result_json": None,
+        "error": None,
+        "resolved_by": None,
+        "committed_at": None,
+    }
 
 
 def describe(exc: BaseException) -> str:

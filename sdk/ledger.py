@@ -11,14 +11,43 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .action import iso, parse_iso
+from .errors import StoreError
 from .events import EventType
 from .schema import GENESIS_HASH, approvals, events, receipt_chain, receipts
 from .schema import effects as E
 from .states import EffectRecord, EffectState, check_transition
+
+
+# Statements built once: building one per call (``.values(...)``) costs ten times executing it.
+_GET_EFFECT = select(E).where(E.c.effect_key == bindparam("_key"))
+# The row count of an INSERT is how a reservation knows it won; SQLAlchemy drops it for
+# INSERTs unless asked to keep it.
+_INSERT_EFFECT = {
+    "postgresql": postgresql.insert(E).on_conflict_do_nothing().execution_options(
+        preserve_rowcount=True
+    ),
+    "sqlite": sqlite.insert(E).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
+}
+_MOVE_EFFECT = update(E).where(
+    E.c.effect_key == bindparam("_key"),
+    E.c.state == bindparam("_old"),
+    E.c.action_id == bindparam("_action_id"),
+    E.c.attempt == bindparam("_attempt"),
+)
+_INSERT_EVENT = insert(events)
+_ADVANCE_CHAIN = (
+    update(receipt_chain)
+    .where(receipt_chain.c.id == 1)
+    .values(seq=receipt_chain.c.seq + 1)
+    .returning(receipt_chain.c.seq, receipt_chain.c.hash)
+)
+_INSERT_RECEIPT = insert(receipts)
+_SET_HEAD = update(receipt_chain).where(receipt_chain.c.id == 1).values(hash=bindparam("_hash"))
+_LAST_EVENT = select(func.max(events.c.event_id))
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -45,28 +74,22 @@ def to_record(row: Row[Any]) -> EffectRecord:
 
 
 def get_effect(conn: Connection, key: str) -> EffectRecord | None:
-    row = conn.execute(select(E).where(E.c.effect_key == key)).first()
+    row = conn.execute(_GET_EFFECT, {"_key": key}).first()
     return None if row is None else to_record(row)
 
 
 def get_effect_row(conn: Connection, key: str) -> Mapping[str, Any] | None:
-    row = conn.execute(select(E).where(E.c.effect_key == key)).first()
+    row = conn.execute(_GET_EFFECT, {"_key": key}).first()
     return None if row is None else dict(row._mapping)
 
 
 def insert_effect(conn: Connection, values: Mapping[str, Any]) -> bool:
     """Insert a new record; False when the key already exists (someone else won)."""
     check_transition(EffectState.NEW, EffectState.RESERVED)
-    dialect = conn.dialect.name
-    stmt: Any
-    if dialect == "postgresql":
-        stmt = postgresql.insert(E).values(**values).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(E).values(**values).on_conflict_do_nothing()
-    else:  # pragma: no cover - only the two engines above are supported
-        stmt = insert(E).values(**values)
-    # Not rowcount: SQLAlchemy does not report it for an INSERT on psycopg 3 (it reads -1).
-    return conn.execute(stmt.returning(E.c.effect_key)).first() is not None
+    stmt = _INSERT_EFFECT.get(conn.dialect.name)
+    if stmt is None:  # pragma: no cover - only the two engines above are supported
+        raise StoreError(f"unsupported database {conn.dialect.name}")
+    return conn.execute(stmt, dict(values)).rowcount == 1
 
 
 def move_effect(
@@ -81,17 +104,9 @@ def move_effect(
 ) -> bool:
     """Compare-and-set one transition; False when the record is no longer as expected."""
     check_transition(old, new)
-    stmt = (
-        update(E)
-        .where(
-            E.c.effect_key == key,
-            E.c.state == old.value,
-            E.c.action_id == action_id,
-            E.c.attempt == attempt,
-        )
-        .values(state=new.value, **values)
-    )
-    return conn.execute(stmt).rowcount == 1
+    params = {**values, "state": new.value, "_key": key, "_old": old.value,
+              "_action_id": action_id, "_attempt": attempt}
+    return conn.execute(_MOVE_EFFECT, params).rowcount == 1
 
 
 def list_effects(
@@ -120,23 +135,16 @@ def append_event(
     effect_key: str | None = None,
     approval_id: str | None = None,
     data: Mapping[str, Any] | None = None,
-) -> None:
-    conn.execute(
-        insert(events).values(
-            ts=iso(now),
-            type=type_.value,
-            action_id=action_id,
-            effect_key=effect_key,
-            approval_id=approval_id,
-            data_json=json.dumps(dict(data or {}), sort_keys=True, separators=(",", ":")),
-        )
-    )
+) -> int:
+    """Append one event; returns its id."""
+    row = event_row(now, type_, action_id, effect_key, approval_id, data)
+    return int(conn.execute(_INSERT_EVENT, row).inserted_primary_key[0])
 
 
 def append_events(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Append several events in one statement (rows as for ``append_event``)."""
+    """Append several events in one statement (rows as ``event_row`` builds them)."""
     if rows:
-        conn.execute(insert(events), [dict(r) for r in rows])
+        conn.execute(_INSERT_EVENT, [dict(r) for r in rows])
 
 
 def event_row(
@@ -159,32 +167,32 @@ def event_row(
 
 def advance_chain(conn: Connection) -> tuple[int, str]:
     """Take the next receipt sequence number; returns (seq, previous hash). Locks the head."""
-    row = conn.execute(
-        update(receipt_chain)
-        .where(receipt_chain.c.id == 1)
-        .values(seq=receipt_chain.c.seq + 1)
-        .returning(receipt_chain.c.seq, receipt_chain.c.hash)
-    ).one()
+    row = conn.execute(_ADVANCE_CHAIN).one()
     return int(row[0]), str(row[1])
 
 
-def store_receipt(conn: Connection, doc: Mapping[str, Any], body: str, digest: str) -> None:
+def store_receipt(
+    conn: Connection, doc: Mapping[str, Any], body: str, digest: str, event_pos: int | None = None
+) -> None:
+    if event_pos is None:
+        event_pos = conn.execute(_LAST_EVENT).scalar()
     conn.execute(
-        insert(receipts).values(
-            receipt_id=doc["receipt_id"],
-            action_id=doc["action_id"],
-            effect_key=doc["effect_key"],
-            result=doc["result"],
-            json=body,
-            ts=doc["finished_at"],
-            seq=doc["seq"],
-            prev_hash=doc["prev_hash"],
-            hash=digest,
-            event_pos=conn.execute(select(func.max(events.c.event_id))).scalar(),
-            action=doc["action"],
-        )
+        _INSERT_RECEIPT,
+        {
+            "receipt_id": doc["receipt_id"],
+            "action_id": doc["action_id"],
+            "effect_key": doc["effect_key"],
+            "result": doc["result"],
+            "json": body,
+            "ts": doc["finished_at"],
+            "seq": doc["seq"],
+            "prev_hash": doc["prev_hash"],
+            "hash": digest,
+            "event_pos": event_pos,
+            "action": doc["action"],
+        },
     )
-    conn.execute(update(receipt_chain).where(receipt_chain.c.id == 1).values(hash=digest))
+    conn.execute(_SET_HEAD, {"_hash": digest})
 
 
 def chain_head(conn: Connection) -> tuple[int, str]:

@@ -126,7 +126,11 @@ def stats(conn: Connection) -> dict[str, Any]:
                         .group_by(receipts.c.result, receipts.c.action))
     for result, action, n in rows:
         by_result[result] += n
-        by_action[action or "?"] += n
+        if action is not None:
+            by_action[action] += n
+    # A sidecar still on revision 0001 leaves the column NULL: read those names from the documents.
+    for (body,) in conn.execute(select(receipts.c.json).where(receipts.c.action.is_(None))):
+        by_action[str(_document(body).get("action") or "?")] += 1
     return {
         "schema": "ctrlrun.stats/v1",
         "receipts": sum(by_result.values()),
@@ -134,3 +138,11 @@ def stats(conn: Connection) -> dict[str, Any]:
         "by_action": dict(sorted(by_action.items())),
         "effects": dict(sorted(ledger.count_effects(conn).items())),
     }
+
+
+def _document(body: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -126,15 +126,19 @@ upstreams:
 def start_sidecar(workdir: Path, stripe: FakeStripe, kube: FakeKubernetes, *,
                   policy_text: str | None = None, timeout: int = 5, reconcile: str = "eager",
                   extra_args: tuple[str, ...] = (), admin: bool = False,
-                  env: dict[str, str] | None = None) -> Sidecar:
-    """Write a policy naming the fakes and start ``ctrlrun proxy`` on free loopback ports."""
+                  env: dict[str, str] | None = None, store_url: str | None = None) -> Sidecar:
+    """Write a policy naming the fakes and start ``ctrlrun proxy`` on free loopback ports.
+
+    The ledger is ``workdir/state.db`` unless ``store_url`` names another (e.g. PostgreSQL;
+    ``Sidecar.store``/``effect_state`` then do not apply).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     sp, kp = free_port(), free_port()
     policy = workdir / "ctrlrun.yaml"
     text = policy_text or POLICY
     policy.write_text(text.format(stripe=stripe.url, kube=kube.url, stripe_port=sp, kube_port=kp,
                                   timeout=timeout, reconcile=reconcile))
-    sc = Sidecar(workdir, policy, f"sqlite:///{workdir / 'state.db'}",
+    sc = Sidecar(workdir, policy, store_url or f"sqlite:///{workdir / 'state.db'}",
                  stripe_base=f"http://127.0.0.1:{sp}", kube_base=f"http://127.0.0.1:{kp}",
                  log=workdir / "proxy.log")
     args = [sys.executable, "-m", "ctrlrun.cli", "proxy", "--policy", str(policy), "--listen",
