@@ -202,6 +202,16 @@ class Guard:
                                 f"the remote's reply was lost ({error}); the reconciler found: {found}",
                                 action=action.name, key=key, receipt=receipt.receipt_id)
         except BaseException as exc:
+            if finished and isinstance(exc, Exception):
+                # The request went upstream and was answered; only recording failed (the
+                # ledger went away). The record stays executing under its lease, so a retry is
+                # held; "nothing was forwarded" would be false here.
+                log.error("outcome of %s %s not recorded: %s", action.name, key, exc)
+                result = refuse("upstream_ambiguous", "outcome_not_recorded",
+                                f"the request was sent and the remote answered "
+                                f"{reply.status or reply.error}, but the ledger could not record "
+                                f"it ({type(exc).__name__})", action=action.name, key=key)
+                return result
             result = refuse("unavailable", "internal_error", f"internal error: {type(exc).__name__}",
                             action=action.name, key=key)
             if not finished:

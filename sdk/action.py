@@ -63,9 +63,14 @@ def check_value(value: Any, where: str) -> Any:
     )
 
 
-def canonical_bytes(document: Mapping[str, Any]) -> bytes:
-    """The one canonical JSON encoding: sorted keys, no spaces, UTF-8, no floats."""
-    check_value(document, "document")
+def canonical_bytes(document: Mapping[str, Any], *, checked: bool = False) -> bytes:
+    """The one canonical JSON encoding: sorted keys, no spaces, UTF-8, no floats.
+
+    ``checked=True`` skips the walk that refuses non-JSON values, for documents built only
+    from values that were checked already (a receipt around an action's arguments).
+    """
+    if not checked:
+        check_value(document, "document")
     return json.dumps(
         document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
@@ -123,7 +128,7 @@ class Action:
 
     @cached_property
     def canonical(self) -> bytes:
-        return canonical_bytes(self.canonical_document())
+        return canonical_bytes(self.canonical_document(), checked=True)
 
     @cached_property
     def hash(self) -> str:
@@ -132,7 +137,7 @@ class Action:
     @property
     def canonical_arguments(self) -> dict[str, Any]:
         """A fresh plain copy of the arguments, parsed back from canonical JSON."""
-        result: dict[str, Any] = json.loads(canonical_bytes(self.arguments))
+        result: dict[str, Any] = json.loads(canonical_bytes(self.arguments, checked=True))
         return result
 
 

@@ -12,7 +12,8 @@ from .errors import InvalidArgument
 
 _principal: ContextVar[Principal | None] = ContextVar("ctrlrun_principal", default=None)
 _approval: ContextVar[str | None] = ContextVar("ctrlrun_approval", default=None)
-_token: ContextVar[str | None] = ContextVar("ctrlrun_token", default=None)
+# (effect key, attempt) of the attempt executing here; the token is derived only when asked.
+_token: ContextVar[tuple[str, int] | None] = ContextVar("ctrlrun_token", default=None)
 
 
 @contextmanager
@@ -67,17 +68,18 @@ def idempotency_token_for(effect_key: str, attempt: int) -> str:
 
 def idempotency_token() -> str:
     """The current attempt's token; only inside a protected executor holding its effect key."""
-    token = _token.get()
-    if token is None:
+    held = _token.get()
+    if held is None:
         raise InvalidArgument(
             "idempotency_token() is only available inside a protected function with an effect key"
         )
-    return token
+    return idempotency_token_for(*held)
 
 
 @contextmanager
-def attempt_token(token: str | None) -> Iterator[None]:
-    reset = _token.set(token)
+def attempt_token(held: tuple[str, int] | None) -> Iterator[None]:
+    """Make ``idempotency_token()`` answer for this attempt inside the block."""
+    reset = _token.set(held)
     try:
         yield
     finally:

@@ -64,10 +64,16 @@ class Attempt:
     reconciled: bool = False  # the one reconcile call of this attempt has been made
 
     @property
-    def token(self) -> str | None:
+    def held_key(self) -> tuple[str, int] | None:
+        """(effect key, attempt) while this attempt holds its key."""
         if self.effect_key is None or not self.held:
             return None
-        return idempotency_token_for(self.effect_key, self.attempt)
+        return self.effect_key, self.attempt
+
+    @property
+    def token(self) -> str | None:
+        held = self.held_key
+        return None if held is None else idempotency_token_for(*held)
 
 
 @dataclass
@@ -350,7 +356,7 @@ class Control:
         attempt = self.begin(action, effect_key, approval_id=approval_id, lease=lease,
                              reconcile=reconcile)
         try:
-            with attempt_token(attempt.token):
+            with attempt_token(attempt.held_key):
                 value = executor()
         except NotExecuted as exc:
             self.finish(attempt, "failed", error=describe(exc))

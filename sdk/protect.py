@@ -106,7 +106,7 @@ def protect(
                 attempt = await _begin_async(ctl, action, key, lease, reconcile, wait)
                 pos, kw = call_args(action)
                 try:
-                    with attempt_token(attempt.token):
+                    with attempt_token(attempt.held_key):
                         value = await fn(*pos, **kw)
                 except NotExecuted as exc:
                     await _shielded(ctl.finish, attempt, "failed", describe(exc))
@@ -127,7 +127,7 @@ def protect(
             attempt = _begin(ctl, action, key, lease, reconcile, wait)
             pos, kw = call_args(action)
             try:
-                with attempt_token(attempt.token):
+                with attempt_token(attempt.held_key):
                     value = fn(*pos, **kw)
             except NotExecuted as exc:
                 ctl.finish(attempt, "failed", error=describe(exc))

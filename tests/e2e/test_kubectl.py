@@ -1,0 +1,86 @@
+"""``kubectl scale`` through the sidecar's reverse listener: recorded once, refused after."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import KUBE_TOKEN, Sidecar, clean_env
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+
+KUBECTL = shutil.which("kubectl")
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed"),
+]
+KEY = "scale:prod-eu:checkout:6"
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: prod-eu
+  cluster:
+    server: {server}
+users:
+- name: agent
+  user:
+    token: {token}
+contexts:
+- name: prod-eu
+  context:
+    cluster: prod-eu
+    user: agent
+    namespace: default
+current-context: prod-eu
+"""
+
+
+def kubectl(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run kubectl with its own HOME and KUBECONFIG; returns the result and the elapsed time."""
+    assert KUBECTL is not None
+    env = clean_env(HOME=str(home), KUBECONFIG=str(home / "kubeconfig"))
+    started = time.monotonic()
+    done = subprocess.run(
+        [KUBECTL, *args, "--request-timeout=20s"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
+    return done, time.monotonic() - started
+
+
+def test_kubectl_scale_is_recorded_and_a_second_one_refused_promptly(
+    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    _, kube = fakes
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "kubeconfig").write_text(KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN))
+
+    first, _ = kubectl(home, "scale", "deployment/checkout", "--replicas=6")
+    assert first.returncode == 0, first.stderr
+    assert "scaled" in first.stdout
+    assert kube.replicas("default", "checkout") == 6
+
+    effects = sidecar.cli("effects", "--json", "--store-url", sidecar.store_url)
+    records = [json.loads(line) for line in effects.stdout.splitlines()]
+    assert [(r["effect_key"], r["action"], r["state"]) for r in records] == [
+        (KEY, "k8s.scale", "committed")
+    ]
+    receipts = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
+    assert "k8s.scale  allow/committed  " + KEY in receipts
+
+    # ctrlrun answers 403, not 409: kubectl scale would retry a conflict for five minutes.
+    second, elapsed = kubectl(home, "scale", "deployment/checkout", "--replicas=6")
+    assert second.returncode != 0
+    assert elapsed < 20
+    assert "ctrlrun:" in second.stderr
+    assert kube.count("PATCH") == 1
+    assert kube.writes_applied == 1
+    receipts = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
+    assert "allow/blocked  " + KEY in receipts
