@@ -168,6 +168,7 @@ async def _serve(sidecar: Sidecar) -> int:
     master.addons.add(addon, _Announce(sidecar, master, confdir, admin))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+    loop.set_exception_handler(_quiet_cancellations)
 
     def stop() -> None:
         stopping.set()
@@ -192,6 +193,14 @@ async def _serve(sidecar: Sidecar) -> int:
     await forwarder.aclose()
     log.info("ctrlrun proxy stopped")
     return 0
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    # Stopping cancels mitmproxy's handlers of idle keep-alive connections; asyncio reports
+    # each as an error with a traceback. They are the expected end of those connections.
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 async def _sweep_forever(sidecar: Sidecar) -> None:

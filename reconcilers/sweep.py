@@ -47,6 +47,9 @@ def sweep(
 
     Effects whose upstream has no reconciler here are left alone (and not reported).
     """
+    expired = control.reconciler.expire_leases()
+    for key in expired:
+        log.info("lease of %s expired with no outcome: ambiguous", key)
     with control.store.reading() as conn:
         if keys:
             rows = [r for k in keys if (r := ledger.get_effect_row(conn, k)) is not None]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import ledger
 from .action import iso
-from .errors import EffectKeyError, InvalidArgument, StoreError
+from .errors import EffectKeyError, InvalidArgument
 from .events import EventType
 from .states import EffectState
 
@@ -81,7 +81,9 @@ class Reconciler:
                                 effect_key=effect_key, data=data)
             if answer != "unknown" and record is not None and record.state is EffectState.AMBIGUOUS:
                 new = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
-                self._move(conn, record, new, now, "reconcile", "reconcile")
+                if not self._move(conn, record, new, now, "reconcile", "reconcile"):
+                    # Another sidecar settled it between our read and our write: theirs stands.
+                    log.info("reconciled %s: already settled by someone else", effect_key)
         log.info("reconciled %s: %s", effect_key, answer)
         return answer
 
@@ -96,17 +98,44 @@ class Reconciler:
                 raise NotAmbiguous(f"nobody reserved {effect_key!r}")
             if record.state is not EffectState.AMBIGUOUS:
                 raise NotAmbiguous(f"{effect_key!r} is not ambiguous (it is {record.state.value})")
-            self._move(conn, record, EffectState(state), now, resolved_by, "human")
+            if not self._move(conn, record, EffectState(state), now, resolved_by, "human"):
+                raise NotAmbiguous(f"{effect_key!r} was resolved by someone else first")
+
+    def expire_leases(self, limit: int = 1000) -> list[str]:
+        """Move records whose holder's lease ran out to AMBIGUOUS (a crash's leftovers).
+
+        A new attempt does the same when it meets such a record; this lets a sweep find them
+        without waiting for an agent to retry.
+        """
+        now = self.clock()
+        moved: list[str] = []
+        with self.store.transaction() as conn:
+            for state in (EffectState.RESERVED, EffectState.EXECUTING):
+                for rec in ledger.list_effects(conn, state, limit):
+                    if rec.lease_is_live(now):
+                        continue
+                    error = "lease expired before an outcome was recorded"
+                    if ledger.move_effect(conn, rec.effect_key, old=state,
+                                          new=EffectState.AMBIGUOUS, action_id=rec.action_id,
+                                          attempt=rec.attempt,
+                                          values={"updated_at": iso(now), "error": error,
+                                                  "lease_expires_at": None}):
+                        ledger.append_event(conn, now, EventType.EXECUTION_AMBIGUOUS,
+                                            action_id=rec.action_id, effect_key=rec.effect_key,
+                                            data={"error": error})
+                        moved.append(rec.effect_key)
+        return moved
 
     @staticmethod
-    def _move(conn: Any, record: Any, new: EffectState, now: datetime, by: str, kind: str) -> None:
+    def _move(conn: Any, record: Any, new: EffectState, now: datetime, by: str, kind: str) -> bool:
         values = {"updated_at": iso(now), "resolved_by": by}
         if new is EffectState.COMMITTED:
             values["committed_at"] = iso(now)
         if not ledger.move_effect(conn, record.effect_key, old=EffectState.AMBIGUOUS, new=new,
                                   action_id=record.action_id, attempt=record.attempt,
                                   values=values):
-            raise StoreError(f"{record.effect_key!r} was resolved by someone else first")
+            return False
         ledger.append_event(conn, now, EventType.EFFECT_RESOLVED, action_id=record.action_id,
                             effect_key=record.effect_key,
                             data={"state": new.value, "resolved_by": kind, "resolver": by})
+        return True

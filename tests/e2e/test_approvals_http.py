@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import stripe
-from conftest import Sidecar, start_sidecar
+from harness import Sidecar, start_sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import (
     ctrlrun_block,

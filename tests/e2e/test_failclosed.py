@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KUBE_TOKEN, STRIPE_KEY, start_sidecar
+from harness import KUBE_TOKEN, STRIPE_KEY, start_sidecar
 from ctrlrun import ledger
 from ctrlrun.control import Control
 from ctrlrun.errors import StoreError

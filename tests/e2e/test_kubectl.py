@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KUBE_TOKEN, Sidecar, clean_env
+from harness import KUBE_TOKEN, Sidecar, clean_env
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 KUBECTL = shutil.which("kubectl")

@@ -7,7 +7,7 @@ from typing import Any
 
 import kubernetes.client
 import pytest
-from conftest import KUBE_TOKEN, Sidecar
+from harness import KUBE_TOKEN, Sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from kubernetes.client.rest import ApiException
 

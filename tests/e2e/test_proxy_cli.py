@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from prometheus_client.parser import text_string_to_metric_families
 

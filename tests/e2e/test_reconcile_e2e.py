@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KUBE_TOKEN, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, Sidecar, start_sidecar
 from ctrlrun.action import iso, utc_now
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.schema import effects
@@ -243,12 +243,6 @@ def test_a_killed_proxys_leftover_is_reconciled_once_its_lease_expires(
     assert resolved == ["not_executed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep()/ctrlrun reconcile only visit AMBIGUOUS records: a crash's `executing` "
-    "record with an expired lease is ambiguated only by a new attempt, so it waits for an "
-    "agent to retry (DESIGN: 'a crash's leftovers do not wait for an agent to retry')",
-)
 def test_a_killed_proxys_leftover_is_swept_without_a_retry(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:

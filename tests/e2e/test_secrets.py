@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import CLIENT_TIMEOUT, outcome, refund, refused, stripe_client
 

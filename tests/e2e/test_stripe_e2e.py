@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import stripe
-from conftest import POLICY, STRIPE_KEY, Sidecar, free_port, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, free_port, start_sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import (
     CLIENT_TIMEOUT,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from conftest import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, start_sidecar
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import effect, outcome, receipts_for, refund, refused, stripe_client
 

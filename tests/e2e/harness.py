@@ -1,0 +1,166 @@
+"""The end-to-end harness: fake remotes in this process, ``ctrlrun proxy``
+in a subprocess (the real command), and a helper to read its ledger."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.store import SQLiteStateStore
+
+STRIPE_KEY = "sk_test_e2e_4242424242"
+KUBE_TOKEN = "kube-e2e-token-7f3a9c"
+START = re.compile(r"proxy (?P<host>[\d.]+):(?P<port>\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sidecar:
+    """One running ``ctrlrun proxy`` and what it guards."""
+
+    workdir: Path
+    policy: Path
+    store_url: str
+    proxy_url: str = ""
+    stripe_base: str = ""  # reverse listener for the fake Stripe
+    kube_base: str = ""  # reverse listener for the fake Kubernetes
+    admin_url: str = ""
+    proc: subprocess.Popen[str] | None = None
+    log: Path = field(default_factory=Path)
+    start_line: str = ""
+
+    def store(self) -> SQLiteStateStore:
+        return SQLiteStateStore(self.store_url.removeprefix("sqlite:///"), create=False)
+
+    def effect_state(self, key: str) -> str | None:
+        from ctrlrun import ledger
+
+        store = self.store()
+        try:
+            with store.reading() as conn:
+                rec = ledger.get_effect(conn, key)
+            return None if rec is None else rec.state.value
+        finally:
+            store.close()
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ctrlrun.cli", *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=self.workdir,
+                              env=clean_env())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return int(self.proc.returncode)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update({"STRIPE_E2E_KEY": STRIPE_KEY}, **extra)
+    return env
+
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{{payment_id}}"
+    rules:
+      - when: {{amount_lte: 100000}}
+        decision: allow
+      - decision: approve
+  stripe.cancel_payment_intent:
+    effect: "cancel:{{payment_intent}}"
+    decision: allow
+  stripe.payout:
+    decision: deny
+  k8s.scale:
+    effect: "scale:{{cluster}}:{{deployment}}:{{replicas}}"
+    decision: allow
+  k8s.delete_namespace:
+    effect: "delete-ns:{{cluster}}:{{name}}"
+    decision: deny
+  k8s.delete_deployment:
+    effect: "delete-deploy:{{cluster}}:{{namespace}}:{{deployment}}"
+    decision: allow
+upstreams:
+  stripe:
+    profile: stripe
+    url: {stripe}
+    listen: 127.0.0.1:{stripe_port}
+    api_key_env: STRIPE_E2E_KEY
+    timeout: {timeout}
+    reconcile: {reconcile}
+  cluster:
+    profile: kubernetes
+    url: {kube}
+    cluster: prod-eu
+    listen: 127.0.0.1:{kube_port}
+    timeout: {timeout}
+    reconcile: {reconcile}
+"""
+
+
+def start_sidecar(workdir: Path, stripe: FakeStripe, kube: FakeKubernetes, *,
+                  policy_text: str | None = None, timeout: int = 5, reconcile: str = "eager",
+                  extra_args: tuple[str, ...] = (), admin: bool = False,
+                  env: dict[str, str] | None = None, store_url: str | None = None) -> Sidecar:
+    """Write a policy naming the fakes and start ``ctrlrun proxy`` on free loopback ports.
+
+    The ledger is ``workdir/state.db`` unless ``store_url`` names another (e.g. PostgreSQL;
+    ``Sidecar.store``/``effect_state`` then do not apply).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    sp, kp = free_port(), free_port()
+    policy = workdir / "ctrlrun.yaml"
+    text = policy_text or POLICY
+    policy.write_text(text.format(stripe=stripe.url, kube=kube.url, stripe_port=sp, kube_port=kp,
+                                  timeout=timeout, reconcile=reconcile))
+    sc = Sidecar(workdir, policy, store_url or f"sqlite:///{workdir / 'state.db'}",
+                 stripe_base=f"http://127.0.0.1:{sp}", kube_base=f"http://127.0.0.1:{kp}",
+                 log=workdir / "proxy.log")
+    args = [sys.executable, "-m", "ctrlrun.cli", "proxy", "--policy", str(policy), "--listen",
+            "127.0.0.1:0", "--store-url", sc.store_url, "--principal", "e2e-agent",
+            "--confdir", str(workdir / "mitm"), *extra_args]
+    if admin:
+        args += ["--admin", f"127.0.0.1:{free_port()}"]
+    with sc.log.open("w") as log:
+        sc.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True,
+                                   env=env or clean_env(), cwd=workdir)
+    assert sc.proc.stdout is not None
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline and sc.proc.poll() is None:
+        line = sc.proc.stdout.readline()
+        if "listening" in line:
+            break
+    if "listening" not in line:
+        sc.stop(signal.SIGKILL)
+        raise AssertionError(f"proxy did not start: {sc.log.read_text()[-2000:]}")
+    sc.start_line = line.strip()
+    match = START.search(line)
+    assert match, line
+    sc.proxy_url = f"http://127.0.0.1:{match['port']}"
+    admin_match = re.search(r"admin ([\d.]+):(\d+)", line)
+    if admin_match:
+        sc.admin_url = f"http://{admin_match[1]}:{admin_match[2]}"
+    return sc
