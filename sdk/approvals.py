@@ -81,7 +81,9 @@ def consume(
         raise ActionDenied("approval_denied", f"{action.name} denied: approval {approval_id} was denied")
     if reason is not None:
         if reason == "expired" and row is not None:
-            move_approval(conn, approval_id, old="granted", new="expired", values={})
+            if move_approval(conn, approval_id, old="granted", new="expired", values={}):
+                append_event(conn, now, EventType.APPROVAL_EXPIRED, action_id=action.action_id,
+                             approval_id=approval_id)
         raise ApprovalMismatch(reason, approval_id=approval_id)
     assert row is not None
     if not move_approval(conn, approval_id, old="granted", new="consumed", values={"consumed_at": iso(now)}):

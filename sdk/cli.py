@@ -28,7 +28,7 @@ from .errors import (
     StoreError,
 )
 from .states import EffectState
-from .store import StateStore
+from .store import NoLedger, StateStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 STORE_HELP = "Ledger URL (sqlite:///PATH or postgresql://…). Default: $CTRLRUN_STORE_URL, $CTRLRUN_STATE, or .ctrlrun/state.db beside the policy."
@@ -58,7 +58,7 @@ def reader(store_url: str | None, policy_file: str | None = None) -> StateStore:
     """Open an existing ledger; never create one."""
     try:
         return open_default_store(store_url, policy_file, create=False)
-    except StoreError as exc:
+    except NoLedger as exc:
         fail(f"{exc} (set --store-url or $CTRLRUN_STORE_URL, or run where ctrlrun.yaml is)", 1)
 
 

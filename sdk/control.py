@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -76,6 +76,10 @@ class Attempt:
         return None if held is None else idempotency_token_for(*held)
 
 
+class _LostRace(Exception):
+    """The reservation's conditional write found the key taken: roll back and plan again."""
+
+
 @dataclass
 class _Gate:
     """What the reservation transaction decided, applied after it commits."""
@@ -83,7 +87,6 @@ class _Gate:
     refusal: CTRLRunError | None = None
     reconcile: bool = False
     receipt: Receipt | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Control:
@@ -168,13 +171,17 @@ class Control:
         window = policy.window(action.name)
         for _ in range(3):  # a lazy reconcile or a lost insert race re-plans; bounded
             gate = _Gate()
-            with self.store.transaction() as conn:
-                if proposed:
+            try:
+                with self.store.transaction() as conn:
                     ledger.append_events(conn, proposed)
-                    proposed = []
-                self._reserve(conn, attempt, gate, now, lease_for, window, reconcile,
-                              approval_id if decision == "approve" and not observe else None,
-                              idempotency_key, upstream)
+                    self._reserve(conn, attempt, gate, now, lease_for, window, reconcile,
+                                  approval_id if decision == "approve" and not observe else None,
+                                  idempotency_key, upstream)
+            except _LostRace:
+                # Another sidecar took the key between our read and our write. Everything this
+                # transaction wrote (an approval consumed, events) is rolled back: plan again.
+                continue
+            proposed = []
             if gate.reconcile and reconcile is not None and effect_key is not None:
                 attempt.reconciled = True
                 self.reconciler.run(effect_key, reconcile, trigger="blocking")
@@ -185,8 +192,6 @@ class Control:
                 if gate.receipt is not None:
                     gate.refusal.receipt_id = gate.receipt.receipt_id  # type: ignore[attr-defined]
                 raise gate.refusal
-            if gate.extra.get("retry"):
-                continue
             return attempt
         raise AmbiguousEffect(effect_key or "", "the effect record kept moving; try again later")
 
@@ -277,9 +282,8 @@ class Control:
                     ledger.move_effect(conn, key, old=EffectState.RESERVED,
                                        new=EffectState.EXECUTING, action_id=action.action_id,
                                        attempt=plan.attempt, values={})
-            if not won:  # another sidecar took it between our read and our write: re-plan
-                gate.extra["retry"] = True
-                return
+            if not won:
+                raise _LostRace
             self._held(conn, attempt, key, plan.attempt, now, lease)
         else:
             ledger.append_event(conn, now, EventType.EXECUTION_STARTED, action_id=action.action_id)

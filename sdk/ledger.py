@@ -138,7 +138,9 @@ def append_event(
 ) -> int:
     """Append one event; returns its id."""
     row = event_row(now, type_, action_id, effect_key, approval_id, data)
-    return int(conn.execute(_INSERT_EVENT, row).inserted_primary_key[0])
+    key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
+    assert key is not None
+    return int(key[0])
 
 
 def append_events(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -61,10 +61,10 @@ def protect(
 
         def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Control, Action, str | None]:
             principal = current_principal()
-            ctl = control or process_control()
             if principal is None:
                 log.warning("%s refused: no principal (use ctrlrun.context(agent=...))", name)
                 raise ActionDenied("no_principal", f"{name} denied: no principal; call it inside ctrlrun.context(agent=...)")
+            ctl = control or process_control()
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             arguments = dict(bound.arguments)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,10 @@ HEAD_REVISION = "0002"
 KNOWN_REVISIONS = ("0001", "0002")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
+
+
+class NoLedger(StoreError):
+    """There is no ctrlrun ledger where one was looked for (and none was to be created)."""
 
 
 class StateStore:
@@ -110,7 +116,7 @@ class StateStore:
                 if revision is None and inspect(conn).has_table("effects"):
                     raise SchemaMismatch(f"ledger at {self.location} is not a ctrlrun ledger")
                 if not create:
-                    raise StoreError(f"no ctrlrun ledger at {self.location}")
+                    raise NoLedger(f"no ctrlrun ledger at {self.location}")
                 _migrate(conn)
                 conn.commit()
         except SQLAlchemyError as exc:
@@ -145,7 +151,7 @@ class SQLiteStateStore(StateStore):
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.exists():
-            raise StoreError(f"no ctrlrun ledger at {self.path}")
+            raise NoLedger(f"no ctrlrun ledger at {self.path}")
         engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_connect)
         super().__init__(engine, create=create)
@@ -156,9 +162,18 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # decisions take the write lock at BEGIN (IMMEDIATE), not at their first write.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=30000")
+    # Switching a fresh file to WAL needs a moment alone with it, and SQLite may refuse at once
+    # (no busy handler) while another process is doing the same: try again, briefly.
+    for attempt in range(100):
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 99:
+                raise
+            time.sleep(0.05)
+    cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
 

@@ -1,0 +1,256 @@
+"""The ``ctrlrun`` command: help everywhere, read commands that never create, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from ctrlrun import (
+    ActionDenied,
+    ApprovalRequired,
+    Control,
+    NotExecuted,
+    Policy,
+    SQLiteStateStore,
+    context,
+    protect,
+)
+from ctrlrun.cli import main
+from sdk_support import invoke, run_cli
+
+KERNEL_COMMANDS = [
+    "approvals",
+    "approve",
+    "deny",
+    "effects",
+    "init",
+    "inspect",
+    "receipts",
+    "resolve",
+    "stats",
+]
+
+
+def all_commands(group: click.Group = main, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    found: list[list[str]] = [list(prefix)]
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            found += all_commands(command, (*prefix, name))
+        else:
+            found.append([*prefix, name])
+    return found
+
+
+COMMANDS = all_commands()
+
+
+@pytest.fixture
+def filled(control: Control, tmp_path: Path) -> dict[str, Any]:
+    """A ledger beside ./ctrlrun.yaml with one effect in each state and a pending approval."""
+    found: dict[str, Any] = {}
+
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        if payment_id == "lost":
+            raise TimeoutError("no reply from the bank")
+        if payment_id == "declined":
+            raise NotExecuted("card declined")
+
+    @protect("delete", control=control)
+    def delete(name: str) -> None: ...
+
+    with context("bot", "alice"):
+        refund("ok", 100)
+        with pytest.raises(TimeoutError):
+            refund("lost", 200)
+        with pytest.raises(NotExecuted):
+            refund("declined", 300)
+        with pytest.raises(ActionDenied):
+            delete("prod")
+        with pytest.raises(ApprovalRequired) as info:
+            refund("big", 250_000)
+    found["request_id"] = info.value.request_id
+    found["action_id"] = info.value.action_id
+    return found
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "main" for c in COMMANDS])
+def test_help_exits_zero(command: list[str]) -> None:
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    if command and command[0] in KERNEL_COMMANDS:
+        assert "Example" in result.output
+
+
+def test_kernel_commands_exist() -> None:
+    assert set(KERNEL_COMMANDS) <= set(main.commands)
+
+
+READ_COMMANDS = [
+    ["receipts"],
+    ["receipts", "--verify-chain"],
+    ["effects"],
+    ["inspect", "act_" + "0" * 32],
+    ["approvals"],
+    ["stats"],
+    ["resolve", "refund:x", "--failed"],
+    ["approve", "apr_" + "0" * 32],
+    ["deny", "apr_" + "0" * 32],
+]
+
+
+@pytest.mark.parametrize("args", READ_COMMANDS, ids=[" ".join(a[:2]) for a in READ_COMMANDS])
+def test_empty_directory_says_where_it_looked(tmp_path: Path, args: list[str]) -> None:
+    # One of them through the real console entry (a subprocess), the rest in-process.
+    ran = (run_cli if args == ["receipts"] else invoke)(args, tmp_path)
+    assert ran.code == 1
+    assert ran.out == ""
+    assert str(tmp_path / ".ctrlrun" / "state.db") in ran.err
+    assert len(ran.err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no store, no directory
+
+
+def test_receipts_lists_in_order(filled: dict[str, Any], tmp_path: Path) -> None:
+    ran = invoke(["receipts"], tmp_path)
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    assert [line.split("  ")[3] for line in lines] == [
+        "allow/committed",
+        "allow/ambiguous",
+        "allow/failed",
+        "deny/denied",
+    ]
+    assert lines[1].split("  ")[4:] == ["refund:lost", "bot"]
+
+
+def test_effects_by_state(filled: dict[str, Any], tmp_path: Path) -> None:
+    ran = invoke(["effects", "--state", "ambiguous"], tmp_path)
+    assert ran.code == 0
+    (line,) = ran.out.splitlines()
+    assert line.startswith("refund:lost  ambiguous  attempt 1  act_")
+    assert invoke(["effects", "--state", "reserved"], tmp_path).out == "no effects are reserved\n"
+    everything = invoke(["effects"], tmp_path).out.splitlines()
+    assert sorted(line.split("  ")[1] for line in everything) == [
+        "ambiguous",
+        "committed",
+        "failed",
+    ]
+    bad = invoke(["effects", "--state", "bogus"], tmp_path)
+    assert bad.code == 2
+
+
+def test_inspect(filled: dict[str, Any], store: SQLiteStateStore, tmp_path: Path) -> None:
+    with store.reading() as conn:
+        action_id = conn.exec_driver_sql(
+            "SELECT action_id FROM receipts WHERE effect_key = 'refund:lost'"
+        ).scalar()
+    ran = invoke(["inspect", action_id], tmp_path)
+    assert ran.code == 0, ran.err
+    assert f"action     refund  ({action_id})" in ran.out
+    assert "principal  bot for alice" in ran.out
+    assert 'arguments  {"amount": 200, "payment_id": "lost"}' in ran.out
+    assert "TimeoutError: no reply from the bank" in ran.out
+    assert "record     refund:lost  ambiguous  attempt 1" in ran.out
+    assert "EXECUTION_AMBIGUOUS" in ran.out
+
+    doc = json.loads(invoke(["inspect", action_id, "--json"], tmp_path).out)
+    assert doc["action_id"] == action_id
+    assert doc["receipt"]["result"] == "ambiguous"
+    assert doc["effect"]["state"] == "ambiguous"
+    assert [e["type"] for e in doc["events"]][:2] == ["ACTION_PROPOSED", "POLICY_EVALUATED"]
+
+    pending = invoke(["inspect", filled["action_id"]], tmp_path)
+    assert "awaiting a human" in pending.out
+    assert f"approval   {filled['request_id']}  pending" in pending.out
+
+    unknown = invoke(["inspect", "act_" + "f" * 32], tmp_path)
+    assert unknown.code == 1 and unknown.out == "" and "no action" in unknown.err
+
+
+def test_approvals_lists_pending(filled: dict[str, Any], tmp_path: Path) -> None:
+    ran = invoke(["approvals"], tmp_path)
+    (line,) = ran.out.splitlines()
+    assert line.startswith(f"{filled['request_id']}  refund  ")
+    assert '{"amount": 250000, "payment_id": "big"}' in line and "agent bot" in line
+    (doc,) = [json.loads(x) for x in invoke(["approvals", "--json"], tmp_path).out.splitlines()]
+    assert doc["request_id"] == filled["request_id"]
+    assert doc["action"]["arguments"] == {"amount": 250000, "payment_id": "big"}
+    invoke(["deny", filled["request_id"]], tmp_path)
+    assert invoke(["approvals"], tmp_path).out == "no pending approvals\n"
+
+
+def test_stats(filled: dict[str, Any], tmp_path: Path) -> None:
+    ran = invoke(["stats"], tmp_path)
+    assert ran.code == 0 and ran.out.startswith("receipts  4\n")
+    doc = json.loads(invoke(["stats", "--json"], tmp_path).out)
+    assert doc["by_result"] == {"ambiguous": 1, "committed": 1, "denied": 1, "failed": 1}
+    assert doc["by_action"] == {"delete": 1, "refund": 3}
+    assert doc["effects"] == {"ambiguous": 1, "committed": 1, "failed": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (["resolve", "refund:ok", "--failed"], 1, "is not ambiguous"),
+        (["resolve", "refund:declined", "--committed"], 1, "is not ambiguous"),
+        (["resolve", "refund:nobody", "--failed"], 1, "nobody reserved"),
+        (["resolve", "refund:lost"], 2, "--committed or --failed"),
+        (["resolve", "refund:lost", "--committed", "--failed"], 2, "exactly one"),
+        (["approve", "apr_" + "0" * 32], 1, "no approval request"),
+        (["receipts", "--last", "0"], 2, "--last"),
+        (["receipts", "--store-url", "mysql://u@h/db"], 2, "unsupported store URL"),
+        (["nonsense"], 2, "No such command"),
+    ],
+    ids=[
+        "committed",
+        "failed",
+        "unknown",
+        "no_flag",
+        "both_flags",
+        "approve_unknown",
+        "last_0",
+        "bad_url",
+        "bad_command",
+    ],
+)
+def test_expected_errors(
+    filled: dict[str, Any], tmp_path: Path, args: list[str], code: int, fragment: str
+) -> None:
+    ran = (run_cli if args[0] == "resolve" else invoke)(args, tmp_path)
+    assert ran.code == code, ran.err
+    assert fragment in ran.err
+    assert ran.out == ""
+
+
+def test_resolve_committed(filled: dict[str, Any], tmp_path: Path) -> None:
+    ran = invoke(["resolve", "refund:lost", "--committed"], tmp_path)
+    assert ran.code == 0 and ran.out == "refund:lost resolved committed by cli:local\n"
+    timeline = invoke(["receipts"], tmp_path).out
+    assert "EFFECT_RESOLVED  refund:lost  committed by cli:local" in timeline
+
+
+def test_store_from_environment(filled: dict[str, Any], db_path: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for env in (
+        {"CTRLRUN_STATE": str(db_path)},
+        {"CTRLRUN_STORE_URL": f"sqlite:///{db_path}"},
+        {"CTRLRUN_CONFIG": str(tmp_path / "ctrlrun.yaml")},
+    ):
+        ran = invoke(["stats", "--json"], elsewhere, env=env)
+        assert ran.code == 0, (env, ran.err)
+        assert json.loads(ran.out)["receipts"] == 4
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_init_writes_a_loadable_policy(tmp_path: Path) -> None:
+    ran = invoke(["init"], tmp_path)
+    assert ran.code == 0 and ran.out == "wrote ctrlrun.yaml\ncreated .ctrlrun/\n"
+    Policy.from_file(tmp_path / "ctrlrun.yaml")
+    again = invoke(["init"], tmp_path)
+    assert again.code == 1 and "already exists" in again.err

@@ -1,0 +1,221 @@
+"""``@protect`` on ``def`` functions: arguments, principals, templates, tokens, defaults."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ctrlrun
+import ctrlrun.config
+import pytest
+from ctrlrun import (
+    ActionDenied,
+    Control,
+    DuplicateEffect,
+    EffectKeyError,
+    InvalidArgument,
+    SQLiteStateStore,
+    context,
+    idempotency_token,
+    protect,
+)
+from ctrlrun.context import idempotency_token_for
+from sdk_support import POLICY, events, receipts
+
+
+def test_returns_the_value_and_runs_once(control: Control, store: SQLiteStateStore) -> None:
+    runs: list[tuple[str, int]] = []
+
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> dict[str, Any]:
+        runs.append((payment_id, amount))
+        return {"id": f"re_{payment_id}"}
+
+    with context("bot"):
+        assert refund("p1", 100) == {"id": "re_p1"}
+        with pytest.raises(DuplicateEffect):
+            refund(payment_id="p1", amount=100)
+        assert refund("p2", amount=100) == {"id": "re_p2"}
+    assert runs == [("p1", 100), ("p2", 100)]
+    assert [r["effect_key"] for r in receipts(store)] == ["refund:p1", "refund:p1", "refund:p2"]
+
+
+def test_called_with_canonical_copies_and_defaults(
+    control: Control, store: SQLiteStateStore
+) -> None:
+    seen: list[Any] = []
+
+    @protect("note", control=control)
+    def note(meta: dict[str, Any], /, tags: tuple[str, ...], level: int = 3) -> None:
+        meta["mutated"] = True
+        seen.extend([meta, tags, level])
+
+    caller_meta = {"a": [1]}
+    with context("bot"):
+        note(caller_meta, ("x", "y"))
+    assert caller_meta == {"a": [1]}
+    assert seen == [{"a": [1], "mutated": True}, ["x", "y"], 3]
+    assert receipts(store)[0]["arguments"] == {"meta": {"a": [1]}, "tags": ["x", "y"], "level": 3}
+
+
+def test_no_principal_denied_without_receipt(
+    control: Control, store: SQLiteStateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        pytest.fail("ran without a principal")
+
+    with caplog.at_level(logging.WARNING, logger="ctrlrun"), pytest.raises(ActionDenied) as info:
+        refund("p1", 100)
+    assert info.value.reason == "no_principal"
+    assert "refund" in caplog.text
+    assert receipts(store) == [] and events(store) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"amount": 1.5}, {"amount": 1, "meta": {"rate": 0.5}}, {"amount": 1, "meta": {"l": [[2.0]]}}],
+    ids=["top", "nested", "deeply_nested"],
+)
+def test_float_argument_refused(
+    control: Control, store: SQLiteStateStore, kwargs: dict[str, Any]
+) -> None:
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: Any, meta: Any = None) -> None:
+        pytest.fail("ran with a float")
+
+    with context("bot"), pytest.raises(InvalidArgument, match="float"):
+        refund(payment_id="p1", **kwargs)
+    assert receipts(store) == []
+
+
+def test_effect_key_error_is_denied_with_receipt(control: Control, store: SQLiteStateStore) -> None:
+    @protect("refund", effect="refund:{payment_id}", control=control)
+    def refund(payment_id: Any, amount: int) -> None:
+        pytest.fail("ran without an effect key")
+
+    with context("bot"), pytest.raises(EffectKeyError):
+        refund(None, 5)
+    (doc,) = receipts(store)
+    assert doc["result"] == "denied" and doc["decision_reason"] == "effect_key_error"
+    assert doc["effect_key"] is None
+    assert [t for t, _ in events(store)] == ["ACTION_PROPOSED", "ACTION_DENIED"]
+
+
+def test_decorator_effect_wins_over_policy(
+    control: Control, store: SQLiteStateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    @protect("refund", effect="r:{payment_id}:{amount}", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="ctrlrun"), context("bot"):
+        refund("p1", 1)
+        refund("p1", 2)
+    assert [r["effect_key"] for r in receipts(store)] == ["r:p1:1", "r:p1:2"]
+    assert caplog.text.count("overrides policy effect") == 1
+
+
+def test_resource_template(control: Control, store: SQLiteStateStore) -> None:
+    @protect("note", effect="note:{resource}", resource="acct:{account}", control=control)
+    def note(account: str) -> None:
+        pass
+
+    with context("bot"):
+        note("42")
+    (doc,) = receipts(store)
+    assert doc["resource"] == "acct:42" and doc["effect_key"] == "note:acct:42"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"name": ""}, "non-empty action name"),
+        ({"name": "x", "effect": "k:{a"}, "effect template"),
+        ({"name": "x", "resource": "{}"}, "resource template"),
+        ({"name": "x", "reconcile": "not callable"}, "reconcile must be callable"),
+        ({"name": "x", "lease": timedelta(0)}, "lease"),
+        ({"name": "x", "lease": 30}, "lease"),
+    ],
+    ids=["empty_name", "bad_effect", "bad_resource", "reconcile", "zero_lease", "int_lease"],
+)
+def test_decoration_time_checks(kwargs: dict[str, Any], fragment: str) -> None:
+    name = kwargs.pop("name")
+    with pytest.raises(InvalidArgument, match=fragment):
+        protect(name, **kwargs)
+
+
+@pytest.mark.parametrize("variadic", ["args", "kwargs"])
+def test_variadic_parameters_refused(variadic: str) -> None:
+    def f_args(*args: Any) -> None: ...
+
+    def f_kwargs(**kwargs: Any) -> None: ...
+
+    with pytest.raises(InvalidArgument, match="nameable"):
+        protect("x")(f_args if variadic == "args" else f_kwargs)
+
+
+@pytest.mark.parametrize(
+    ("key", "attempt", "token"),
+    [
+        ("refund:txn_1", 1, "382ee448-97da-8107-b674-8c253650d93f"),
+        ("refund:txn_1", 2, "28bb40af-814c-8fb6-ba63-e8663b1c036d"),
+        ("refund:txn_2", 1, "89977bc9-d128-8ae8-871f-f5265155e60f"),
+    ],
+)
+def test_idempotency_token_vectors(key: str, attempt: int, token: str) -> None:
+    assert idempotency_token_for(key, attempt) == token
+
+
+@pytest.mark.parametrize(("key", "attempt"), [("", 1), ("k", 0), ("k", True), ("k", "1")])
+def test_idempotency_token_for_refuses(key: str, attempt: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        idempotency_token_for(key, attempt)
+
+
+def test_idempotency_token_only_inside_a_keyed_attempt(control: Control) -> None:
+    seen: list[str] = []
+
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        seen.append(idempotency_token())
+
+    @protect("note", control=control)
+    def note(text: str) -> None:
+        idempotency_token()
+
+    with pytest.raises(InvalidArgument):
+        idempotency_token()
+    with context("bot"):
+        refund("txn_1", 5)
+        with pytest.raises(InvalidArgument):
+            note("no effect key")
+    assert seen == ["382ee448-97da-8107-b674-8c253650d93f"]
+    with pytest.raises(InvalidArgument):
+        idempotency_token()
+
+
+def test_default_control_from_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for var in ("CTRLRUN_CONFIG", "CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_ENVIRONMENT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(ctrlrun.config, "_default", None)
+
+    @protect("refund")
+    def refund(payment_id: str, amount: int) -> str:
+        return "ok"
+
+    assert not (tmp_path / ".ctrlrun").exists()  # nothing built before the first call
+    with context("bot"):
+        assert refund("p1", 5) == "ok"
+        with pytest.raises(DuplicateEffect):
+            refund("p1", 5)
+    default = ctrlrun.config._default
+    assert default is not None
+    assert (tmp_path / ".ctrlrun" / "state.db").exists()
+    default.store.close()
