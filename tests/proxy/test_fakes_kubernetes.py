@@ -231,12 +231,13 @@ def test_namespaces_can_finish_by_themselves() -> None:
 
 def test_watch_reports_a_deletion(fake: FakeKubernetes) -> None:
     fake.add_namespace("doomed")
-    threading.Timer(0.2, fake.finish_namespace_deletion, args=("doomed",)).start()
     params = {"watch": "true", "fieldSelector": "metadata.name=doomed", "timeoutSeconds": "5"}
     events = []
     with httpx.stream("GET", f"{fake.url}/api/v1/namespaces", params=params, timeout=10) as stream:
         for line in stream.iter_lines():
             events.append(json.loads(line))
+            if events[-1]["type"] == "ADDED":  # the watch is open: now delete it
+                threading.Timer(0.1, fake.finish_namespace_deletion, args=("doomed",)).start()
             if events[-1]["type"] == "DELETED":
                 break
     assert [e["type"] for e in events] == ["ADDED", "DELETED"]
