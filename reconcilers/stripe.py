@@ -40,6 +40,10 @@ log = logging.getLogger("ctrlrun.reconcilers")
 STRIPE_API = "https://api.stripe.com"
 SKEW_SECONDS = 5  # Stripe's ``created`` is whole seconds, and clocks differ
 MAX_PAGES = 50  # of 100 objects each
+# Stripe keeps working on a request whose connection we cut: "nothing there" proves nothing
+# until the attempt is this old. (A refund that was still running when the proxy asked, read as
+# not_executed, would license a second refund.)
+SETTLE_SECONDS = 60
 _CHARGE_PREFIXES = ("ch_", "py_")
 
 Page = tuple[list[dict[str, Any]], bool]  # the objects read, and whether the list is complete
@@ -58,6 +62,7 @@ class StripeReconciler:
         timeout: float = DEFAULT_TIMEOUT,
         deadline: float = DEFAULT_DEADLINE,
         max_pages: int = MAX_PAGES,
+        settle_after: float = 0.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if timeout <= 0 or deadline <= 0 or max_pages < 1:
@@ -67,6 +72,7 @@ class StripeReconciler:
         self.timeout = timeout
         self.deadline = deadline
         self.max_pages = max_pages
+        self.settle_after = settle_after
         self._api_key = api_key
         self._api_key_env = api_key_env  # read when asked, so the key is not kept here
         self._transport = transport
@@ -76,7 +82,8 @@ class StripeReconciler:
 
     @classmethod
     def for_upstream(cls, upstream: Upstream) -> StripeReconciler:
-        return cls(upstream.url, api_key_env=upstream.api_key_env, ca_file=upstream.ca_file)
+        return cls(upstream.url, api_key_env=upstream.api_key_env, ca_file=upstream.ca_file,
+                   settle_after=max(SETTLE_SECONDS, upstream.timeout))
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         try:
@@ -121,6 +128,10 @@ class StripeReconciler:
                 transport=self._transport,
             ) as reader:
                 verdict = how(reader, arguments, _since(started_at), idempotency_keys)
+        age = (datetime.now(UTC) - _aware(started_at)).total_seconds()
+        if verdict[0] == "not_executed" and age < self.settle_after:
+            verdict = ("unknown", f"{verdict[1]}, but the attempt is only {age:.0f} s old and "
+                       f"Stripe may still be working on it (asked again after {self.settle_after:.0f} s)")
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
         return verdict[0]
 
@@ -275,6 +286,10 @@ def _int(value: Any) -> int | None:
 def _since_ok(obj: dict[str, Any], since: int) -> bool:
     created = _int(obj.get("created"))
     return created is not None and created >= since
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
 def _since(started_at: datetime) -> int:

@@ -320,3 +320,20 @@ def test_no_refund_at_all_needs_no_events(stripe_fake: FakeStripe) -> None:
     args = {"payment_intent": pi["id"], "amount": 500}
     assert StripeReconciler(stripe_fake.url)(facts("stripe.refund", args)) == "not_executed"
     assert stripe_fake.requests == [("GET", "/v1/refunds")]
+
+
+def test_nothing_found_too_early_is_unknown_not_not_executed(stripe_fake: FakeStripe) -> None:
+    """A refund Stripe may still be working on must not be read as never having happened."""
+    pi = stripe_fake.add_payment_intent(amount=5000)["id"]
+    args = {"payment_intent": pi, "payment_id": pi, "amount": 1000}
+    reconciler = StripeReconciler(stripe_fake.url, settle_after=60)
+    now = datetime.now(UTC)
+    assert reconciler(facts("stripe.refund", args, attempt_started_at=now)) == "unknown"
+    earlier = datetime.fromtimestamp(now.timestamp() - 120, UTC)
+    assert reconciler(facts("stripe.refund", args, attempt_started_at=earlier)) == "not_executed"
+
+
+def test_proxy_reconciler_waits_at_least_the_upstream_deadline() -> None:
+    up = Upstream(name="s", profile="stripe", url="http://127.0.0.1:1", scheme="http",
+                  host="127.0.0.1", port=1, timeout=90.0)
+    assert StripeReconciler.for_upstream(up).settle_after == 90.0
