@@ -43,8 +43,10 @@ with FakeStripe() as stripe, tempfile.TemporaryDirectory() as tmp:
         reply = httpx.post(
             f"{stripe.url}/v1/refunds",
             data={"payment_intent": payment_id, "amount": str(amount)},
-            headers={"Authorization": f"Bearer {KEY}",
-                     "Idempotency-Key": ctrlrun.idempotency_token()},
+            headers={
+                "Authorization": f"Bearer {KEY}",
+                "Idempotency-Key": ctrlrun.idempotency_token(),
+            },
         )
         return dict(reply.json())
 

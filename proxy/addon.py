@@ -25,8 +25,13 @@ AUTH_KEY = "ctrlrun_principal"
 class CtrlrunAddon:
     """Routes flows to the guard; everything that is not a configured upstream passes by."""
 
-    def __init__(self, guard: Guard, upstreams: Sequence[Upstream], principals: Principals,
-                 reverse_specs: dict[str, str]) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        upstreams: Sequence[Upstream],
+        principals: Principals,
+        reverse_specs: dict[str, str],
+    ) -> None:
         self.guard = guard
         self.principals = principals
         self.by_address = {(u.scheme, u.host.lower(), u.port): u for u in upstreams}
@@ -63,23 +68,34 @@ class CtrlrunAddon:
             facts = Request(
                 method=req.method.upper(),
                 path=req.path.split("?", 1)[0],
-                query={k: req.query.get_all(k) for k in req.query.keys()},
+                query={k: req.query.get_all(k) for k in req.query},
                 headers={k.lower(): v for k, v in headers},
                 body=raw,
             )
             result = await self.guard.handle(
-                upstream, facts, target=req.path, headers=headers,
+                upstream,
+                facts,
+                target=req.path,
+                headers=headers,
                 principal=self.principals.resolve(auth),
             )
             if result is None:
                 return
             flow.response = to_response(result.status or 502, result.headers, result.body)
         except Exception as exc:  # fail closed: mitmproxy would forward on an exception
-            log.exception("internal error on %s %s: refused", flow.request.method, flow.request.path)
+            log.exception(
+                "internal error on %s %s: refused", flow.request.method, flow.request.path
+            )
             profile = upstream.profile if upstream else "http"
-            a = answer(profile, "unavailable", reason="internal_error",
-                       message=f"internal error ({type(exc).__name__})", action=None,
-                       effect_key=None, receipt_id=None)
+            a = answer(
+                profile,
+                "unavailable",
+                reason="internal_error",
+                message=f"internal error ({type(exc).__name__})",
+                action=None,
+                effect_key=None,
+                receipt_id=None,
+            )
             flow.response = to_response(a.status, a.headers, a.body)
 
 
@@ -87,8 +103,11 @@ def to_response(status: int, headers: Sequence[tuple[str, str]], body: bytes) ->
     """A response carrying ``body`` as is (already encoded as its headers say)."""
     response = http.Response.make(status, b"")
     response.headers = http.Headers(
-        [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers
-         if k.lower() != "content-length"]
+        [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in headers
+            if k.lower() != "content-length"
+        ]
     )
     response.raw_content = body
     response.headers["content-length"] = str(len(body))

@@ -32,8 +32,10 @@ class Admin:
             parts = line.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             status, ctype, body = await self._answer(parts[0] if parts else "", path)
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
             writer.write(head.encode("latin-1") + body)
             await writer.drain()
         except (TimeoutError, OSError, UnicodeDecodeError):

@@ -69,10 +69,26 @@ def sidecar(workdir: Path, stripe: str, kube: str) -> Iterator[tuple[str, str]]:
     log = (workdir / "proxy.log").open("w")
     env = {**_env(), "CTRLRUN_DEMO_STRIPE_KEY": API_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ctrlrun.cli", "proxy", "--policy", str(policy), "--listen",
-         "127.0.0.1:0", "--store-url", store, "--principal", "demo-agent", "--confdir",
-         str(workdir / "mitmproxy")],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "ctrlrun.cli",
+            "proxy",
+            "--policy",
+            str(policy),
+            "--listen",
+            "127.0.0.1:0",
+            "--store-url",
+            store,
+            "--principal",
+            "demo-agent",
+            "--confdir",
+            str(workdir / "mitmproxy"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
     )
     try:
         assert proc.stdout is not None
@@ -96,8 +112,9 @@ def _env() -> dict[str, str]:
 
 
 def outcome(response: httpx.Response) -> str:
-    return str(response.headers.get("x-ctrlrun-outcome",
-                                    f"HTTP {response.status_code} from the remote"))
+    return str(
+        response.headers.get("x-ctrlrun-outcome", f"HTTP {response.status_code} from the remote")
+    )
 
 
 def run(workdir: Path, say: Callable[[str], None] = print) -> int:
@@ -122,12 +139,20 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             agent = httpx.Client(timeout=30, trust_env=False)
             say("1. A refund whose reply is lost")
             stripe.fail_next("commit_then_drop")
-            r = agent.post(f"{stripe_base}/v1/refunds", headers=auth,
-                           data={"payment_intent": pi, "amount": "5000"})
-            say(f"   agent asks for a 50.00 refund of {pi}: the connection drops after Stripe "
-                f"applied it -> {outcome(r)}: {r.json()['ctrlrun']['reason']}")
-            r = agent.post(f"{stripe_base}/v1/refunds", headers=auth,
-                           data={"payment_intent": pi, "amount": "5000"})
+            r = agent.post(
+                f"{stripe_base}/v1/refunds",
+                headers=auth,
+                data={"payment_intent": pi, "amount": "5000"},
+            )
+            say(
+                f"   agent asks for a 50.00 refund of {pi}: the connection drops after Stripe "
+                f"applied it -> {outcome(r)}: {r.json()['ctrlrun']['reason']}"
+            )
+            r = agent.post(
+                f"{stripe_base}/v1/refunds",
+                headers=auth,
+                data={"payment_intent": pi, "amount": "5000"},
+            )
             say(f"   agent retries -> {outcome(r)} (HTTP {r.status_code}): refused, Stripe has it")
             say(f"   Stripe holds {len(stripe.refunds)} refund(s) for {pi}")
             check(len(stripe.refunds) == 1 and outcome(r) == "duplicate", "refund count or retry")
@@ -137,18 +162,25 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             patch = {"Content-Type": "application/merge-patch+json", "Authorization": "Bearer demo"}
             kube.fail_next("reset_before")
             r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')
-            say(f"   agent scales checkout to 6: connection reset -> {outcome(r)}: "
-                f"{r.json()['ctrlrun']['reason']}")
+            say(
+                f"   agent scales checkout to 6: connection reset -> {outcome(r)}: "
+                f"{r.json()['ctrlrun']['reason']}"
+            )
             r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')
-            say(f"   agent retries -> HTTP {r.status_code}: permitted, the cluster had not applied it")
+            say(
+                f"   agent retries -> HTTP {r.status_code}: permitted, "
+                "the cluster had not applied it"
+            )
             replicas = kube.replicas("default", "checkout")
             say(f"   the cluster runs checkout at {replicas} replicas")
             check(r.status_code == 200 and replicas == 6, "scale retry")
 
             say("3. A namespace delete the policy denies")
             r = agent.delete(f"{kube_base}/api/v1/namespaces/payments", headers=patch)
-            say(f"   agent deletes namespace payments -> {outcome(r)} (HTTP {r.status_code}); "
-                f"the cluster saw {kube.count('DELETE')} delete(s)")
+            say(
+                f"   agent deletes namespace payments -> {outcome(r)} (HTTP {r.status_code}); "
+                f"the cluster saw {kube.count('DELETE')} delete(s)"
+            )
             check(outcome(r) == "denied" and kube.count("DELETE") == 0, "denied delete")
 
             say("4. A large refund that needs a human")
@@ -158,15 +190,35 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             request_id = r.json()["ctrlrun"].get("request_id", "")
             say(f"   agent asks for 250.00 -> {outcome(r)}: a human must approve {request_id}")
             approved = subprocess.run(
-                [sys.executable, "-m", "ctrlrun.cli", "approve", request_id, "--store-url",
-                 f"sqlite:///{workdir / 'state.db'}"], capture_output=True, text=True, timeout=60)
-            say(f"   operator runs 'ctrlrun approve {request_id}': {approved.stdout.splitlines()[0] if approved.stdout else approved.stderr.strip()}")
-            changed = agent.post(f"{stripe_base}/v1/refunds", data={**body, "amount": "90000"},
-                                 headers={**auth, "Ctrlrun-Approval": request_id})
-            say(f"   agent re-sends with 900.00 instead -> {outcome(changed)}: "
-                f"{changed.json()['ctrlrun']['reason']}")
-            r = agent.post(f"{stripe_base}/v1/refunds", data=body,
-                           headers={**auth, "Ctrlrun-Approval": request_id})
+                [
+                    sys.executable,
+                    "-m",
+                    "ctrlrun.cli",
+                    "approve",
+                    request_id,
+                    "--store-url",
+                    f"sqlite:///{workdir / 'state.db'}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            said = approved.stdout.splitlines()[0] if approved.stdout else approved.stderr.strip()
+            say(f"   operator runs 'ctrlrun approve {request_id}': {said}")
+            changed = agent.post(
+                f"{stripe_base}/v1/refunds",
+                data={**body, "amount": "90000"},
+                headers={**auth, "Ctrlrun-Approval": request_id},
+            )
+            say(
+                f"   agent re-sends with 900.00 instead -> {outcome(changed)}: "
+                f"{changed.json()['ctrlrun']['reason']}"
+            )
+            r = agent.post(
+                f"{stripe_base}/v1/refunds",
+                data=body,
+                headers={**auth, "Ctrlrun-Approval": request_id},
+            )
             say(f"   agent re-sends the approved request -> HTTP {r.status_code}: refunded")
             check(outcome(changed) == "approval_invalid" and r.status_code == 200, "approval")
             writes = stripe.writes_applied
@@ -182,5 +234,3 @@ def main(workdir: str | None = None) -> int:
     code = run(Path(workdir or ".ctrlrun/demo").resolve())
     print(f"(demo took {time.monotonic() - started:.1f} s)")
     return code
-
-

@@ -18,10 +18,21 @@ from ctrlrun.upstreams import Upstream
 from .classify import Transport
 
 # Headers that belong to one hop, never forwarded.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 MAX_RESPONSE = 16 * 1024 * 1024
 
 
@@ -40,7 +51,8 @@ class Reply:
 def forward_headers(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """Drop hop-by-hop headers and every ``Ctrlrun-*`` header."""
     return [
-        (k, v) for k, v in headers
+        (k, v)
+        for k, v in headers
         if k.lower() not in HOP_BY_HOP and not k.lower().startswith("ctrlrun-")
     ]
 
@@ -48,7 +60,9 @@ def forward_headers(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]
 class Forwarder:
     """One pooled HTTP client per upstream; ignores proxy environment variables (no loops)."""
 
-    def __init__(self, upstreams: Sequence[Upstream], *, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self, upstreams: Sequence[Upstream], *, transport: httpx.AsyncBaseTransport | None = None
+    ):
         self._clients: dict[str, httpx.AsyncClient] = {}
         for up in upstreams:
             verify: ssl.SSLContext | bool = True
@@ -84,8 +98,9 @@ class Forwarder:
         except (httpx.TransportError, OSError) as exc:
             # Written (or partly written), then a timeout, reset or EOF before a status line.
             return Reply(None, transport=Transport.SENT_NO_STATUS, error=_line(exc))
-        out_headers = tuple((k, v) for k, v in response.headers.multi_items()
-                            if k.lower() not in HOP_BY_HOP)
+        out_headers = tuple(
+            (k, v) for k, v in response.headers.multi_items() if k.lower() not in HOP_BY_HOP
+        )
         try:
             chunks: list[bytes] = []
             size = 0

@@ -89,28 +89,55 @@ class Guard:
             self.active -= 1
 
     async def _protected(
-        self, up: Upstream, request: Request, mapped: Mapped | Unmapped | Invalid,
-        target: str, headers: Sequence[tuple[str, str]], principal: Principal | None,
+        self,
+        up: Upstream,
+        request: Request,
+        mapped: Mapped | Unmapped | Invalid,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        principal: Principal | None,
     ) -> Answer | Reply:
-        def refuse(outcome: str, reason: str, message: str, *, action: str | None = None,
-                   key: str | None = None, receipt: str | None = None,
-                   request_id: str | None = None, exc: BaseException | None = None) -> Answer:
+        def refuse(
+            outcome: str,
+            reason: str,
+            message: str,
+            *,
+            action: str | None = None,
+            key: str | None = None,
+            receipt: str | None = None,
+            request_id: str | None = None,
+            exc: BaseException | None = None,
+        ) -> Answer:
             receipt = receipt or getattr(exc, "receipt_id", None)
             self.metrics.decisions.labels(action or "-", outcome).inc()
             log.info("refused %s %s: %s (%s)", request.method, request.path, outcome, reason)
-            return answer(up.profile, outcome, reason=reason, message=message, action=action,
-                          effect_key=key, receipt_id=receipt, request_id=request_id)
+            return answer(
+                up.profile,
+                outcome,
+                reason=reason,
+                message=message,
+                action=action,
+                effect_key=key,
+                receipt_id=receipt,
+                request_id=request_id,
+            )
 
         if isinstance(mapped, Invalid):
             return refuse("invalid_request", mapped.reason, f"request refused: {mapped.reason}")
         if principal is None:
-            return refuse("denied", "no_principal", "request refused: no principal (configure "
-                          "--principal or send Proxy-Authorization)")
+            return refuse(
+                "denied",
+                "no_principal",
+                "request refused: no principal (configure --principal or send Proxy-Authorization)",
+            )
         ctl = self.control()
         if isinstance(mapped, Unmapped):
             if up.unmapped_writes == "deny":
-                return refuse("denied", "unmapped_write",
-                              f"{request.method} {request.path} matches no route of upstream {up.name!r}")
+                return refuse(
+                    "denied",
+                    "unmapped_write",
+                    f"{request.method} {request.path} matches no route of upstream {up.name!r}",
+                )
             return await self._unmapped(ctl, up, request, target, headers, principal)
         try:
             action = Action(mapped.action, mapped.arguments, principal, None, ctl.environment)
@@ -123,8 +150,13 @@ class Guard:
                 key = template.resolve(action.arguments)
             except EffectKeyError as exc:
                 receipt = await asyncio.to_thread(ctl.refuse_effect_key, action, exc)
-                return refuse("invalid_request", "effect_key_error", str(exc), action=action.name,
-                              receipt=receipt.receipt_id)
+                return refuse(
+                    "invalid_request",
+                    "effect_key_error",
+                    str(exc),
+                    action=action.name,
+                    receipt=receipt.receipt_id,
+                )
         hdr = {k.lower(): v for k, v in headers}
         idem = hdr.get("idempotency-key") if up.profile == "stripe" else None
         creds = {k: v for k, v in hdr.items() if k in ("authorization", "stripe-account")}
@@ -135,38 +167,75 @@ class Guard:
                 # The client's own transport retry of an attempt still executing: same answer.
                 return await asyncio.shield(same.done)
             if idem:
-                replay = await self._replay_ambiguous(ctl, up, action, key, idem, target, headers,
-                                                      request)
+                replay = await self._replay_ambiguous(
+                    ctl, up, action, key, idem, target, headers, request
+                )
                 if replay is not None:
                     return replay
         lazy = self._lazy_hook(up, creds)
         try:
             attempt = await asyncio.to_thread(
-                ctl.begin, action, key, approval_id=hdr.get("ctrlrun-approval"),
+                ctl.begin,
+                action,
+                key,
+                approval_id=hdr.get("ctrlrun-approval"),
                 lease=timedelta(seconds=up.timeout + self.reconcile_deadline + 60),
-                reconcile=lazy, idempotency_key=idem, upstream=up.name)
+                reconcile=lazy,
+                idempotency_key=idem,
+                upstream=up.name,
+            )
         except DuplicateEffect as exc:
-            return refuse("duplicate" if exc.state == "committed" else "in_progress", exc.state,
-                          str(exc), action=action.name, key=key, exc=exc)
+            return refuse(
+                "duplicate" if exc.state == "committed" else "in_progress",
+                exc.state,
+                str(exc),
+                action=action.name,
+                key=key,
+                exc=exc,
+            )
         except AmbiguousEffect as exc:
             return refuse("ambiguous", "ambiguous", str(exc), action=action.name, key=key, exc=exc)
         except ApprovalRequired as exc:
-            return refuse("approval_required", "approval_required",
-                          f"{action.name} needs approval {exc.request_id}", action=action.name,
-                          key=key, request_id=exc.request_id)
+            return refuse(
+                "approval_required",
+                "approval_required",
+                f"{action.name} needs approval {exc.request_id}",
+                action=action.name,
+                key=key,
+                request_id=exc.request_id,
+            )
         except ApprovalMismatch as exc:
-            return refuse("approval_invalid", exc.reason, str(exc), action=action.name, key=key,
-                          request_id=exc.approval_id, exc=exc)
+            return refuse(
+                "approval_invalid",
+                exc.reason,
+                str(exc),
+                action=action.name,
+                key=key,
+                request_id=exc.approval_id,
+                exc=exc,
+            )
         except ActionDenied as exc:
             if exc.reason == "approval_denied":  # a presented approval a human denied
-                return refuse("approval_invalid", exc.reason, str(exc), action=action.name,
-                              key=key, request_id=hdr.get("ctrlrun-approval"), exc=exc)
+                return refuse(
+                    "approval_invalid",
+                    exc.reason,
+                    str(exc),
+                    action=action.name,
+                    key=key,
+                    request_id=hdr.get("ctrlrun-approval"),
+                    exc=exc,
+                )
             return refuse("denied", exc.reason, str(exc), action=action.name, key=key, exc=exc)
         except CTRLRunError as exc:
             self.metrics.store_errors.inc()
             log.error("ledger unavailable for %s: %s", action.name, exc)
-            return refuse("unavailable", "store_unavailable", f"the ledger is unavailable: {exc}",
-                          action=action.name, key=key)
+            return refuse(
+                "unavailable",
+                "store_unavailable",
+                f"the ledger is unavailable: {exc}",
+                action=action.name,
+                key=key,
+            )
 
         out_headers = forward_headers(headers)
         if up.profile == "stripe" and not idem and attempt.token:
@@ -181,43 +250,74 @@ class Guard:
             started = asyncio.get_running_loop().time()
             reply = await self.forwarder.send(up, request.method, target, out_headers, request.body)
             self.metrics.upstream_latency.labels(up.name).observe(
-                asyncio.get_running_loop().time() - started)
-            outcome = classify(up.profile, action.name, status=reply.status,
-                               transport=reply.transport, body=reply.body)
+                asyncio.get_running_loop().time() - started
+            )
+            outcome = classify(
+                up.profile,
+                action.name,
+                status=reply.status,
+                transport=reply.transport,
+                body=reply.body,
+            )
             self.metrics.decisions.labels(action.name, outcome.value).inc()
-            error = reply.error or (None if outcome is Outcome.COMMITTED else f"HTTP {reply.status}")
+            error = reply.error or (
+                None if outcome is Outcome.COMMITTED else f"HTTP {reply.status}"
+            )
             finished = True
             receipt = await asyncio.to_thread(ctl.finish, attempt, outcome.value, error=error)
             result = reply
             if reply.status is None and outcome is Outcome.FAILED:
-                result = refuse("unavailable", "upstream_unreachable",
-                                f"the remote could not be reached ({error}); nothing was sent, "
-                                "and the attempt is recorded failed", action=action.name, key=key,
-                                receipt=receipt.receipt_id)
+                result = refuse(
+                    "unavailable",
+                    "upstream_unreachable",
+                    f"the remote could not be reached ({error}); nothing was sent, "
+                    "and the attempt is recorded failed",
+                    action=action.name,
+                    key=key,
+                    receipt=receipt.receipt_id,
+                )
             elif outcome is Outcome.AMBIGUOUS or reply.cut_short:
                 found = "not asked"
                 if up.reconcile == "eager" and self.reconcilers.get(up.name) and key is not None:
                     found = await self._eager(ctl, attempt, up, creds)
-                result = refuse("upstream_ambiguous", f"reconciler: {found}",
-                                f"the remote's reply was lost ({error}); the reconciler found: {found}",
-                                action=action.name, key=key, receipt=receipt.receipt_id)
+                result = refuse(
+                    "upstream_ambiguous",
+                    f"reconciler: {found}",
+                    f"the remote's reply was lost ({error}); the reconciler found: {found}",
+                    action=action.name,
+                    key=key,
+                    receipt=receipt.receipt_id,
+                )
         except BaseException as exc:
             if finished and isinstance(exc, Exception):
                 # The request went upstream and was answered; only recording failed (the
                 # ledger went away). The record stays executing under its lease, so a retry is
                 # held; "nothing was forwarded" would be false here.
                 log.error("outcome of %s %s not recorded: %s", action.name, key, exc)
-                result = refuse("upstream_ambiguous", "outcome_not_recorded",
-                                f"the request was sent and the remote answered "
-                                f"{reply.status or reply.error}, but the ledger could not record "
-                                f"it ({type(exc).__name__})", action=action.name, key=key)
+                result = refuse(
+                    "upstream_ambiguous",
+                    "outcome_not_recorded",
+                    f"the request was sent and the remote answered "
+                    f"{reply.status or reply.error}, but the ledger could not record "
+                    f"it ({type(exc).__name__})",
+                    action=action.name,
+                    key=key,
+                )
                 return result
-            result = refuse("unavailable", "internal_error", f"internal error: {type(exc).__name__}",
-                            action=action.name, key=key)
+            result = refuse(
+                "unavailable",
+                "internal_error",
+                f"internal error: {type(exc).__name__}",
+                action=action.name,
+                key=key,
+            )
             if not finished:
                 # We cannot know whether the request left: the record must say so.
-                await asyncio.shield(asyncio.to_thread(
-                    ctl.finish, attempt, "ambiguous", error=f"proxy error: {type(exc).__name__}"))
+                await asyncio.shield(
+                    asyncio.to_thread(
+                        ctl.finish, attempt, "ambiguous", error=f"proxy error: {type(exc).__name__}"
+                    )
+                )
             raise
         finally:
             if flight is not None:
@@ -242,12 +342,15 @@ class Guard:
 
         return hook
 
-    async def _eager(self, ctl: Control, attempt: Any, up: Upstream, creds: Mapping[str, str]) -> str:
+    async def _eager(
+        self, ctl: Control, attempt: Any, up: Upstream, creds: Mapping[str, str]
+    ) -> str:
         hook = self._lazy_hook(up, creds)
         try:
             found = await asyncio.wait_for(
                 asyncio.to_thread(ctl.eager_reconcile, attempt, hook, True),
-                timeout=self.reconcile_deadline)
+                timeout=self.reconcile_deadline,
+            )
         except TimeoutError:
             self.metrics.reconciliations.labels("unknown").inc()
             return "no answer in time (unknown)"
@@ -255,10 +358,18 @@ class Guard:
         return str(found or "unknown")
 
     async def _replay_ambiguous(
-        self, ctl: Control, up: Upstream, action: Action, key: str, idem: str, target: str,
-        headers: Sequence[tuple[str, str]], request: Request,
+        self,
+        ctl: Control,
+        up: Upstream,
+        action: Action,
+        key: str,
+        idem: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        request: Request,
     ) -> Reply | None:
         """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it."""
+
         def read() -> Any:
             with ctl.store.reading() as conn:
                 return ledger.get_effect(conn, key), ledger.get_effect_row(conn, key)
@@ -273,24 +384,46 @@ class Guard:
             # it (idempotency_error), and that 400 says nothing about the first attempt.
             return None
         await asyncio.to_thread(ctl.reconciler.started, key, "idempotent_replay")
-        reply = await self.forwarder.send(up, request.method, target, forward_headers(headers),
-                                          request.body)
-        outcome = classify(up.profile, record.action_name or "", status=reply.status,
-                           transport=reply.transport, body=reply.body)
+        reply = await self.forwarder.send(
+            up, request.method, target, forward_headers(headers), request.body
+        )
+        outcome = classify(
+            up.profile,
+            record.action_name or "",
+            status=reply.status,
+            transport=reply.transport,
+            body=reply.body,
+        )
         found = {"committed": "committed", "failed": "not_executed"}.get(outcome.value, "unknown")
         await asyncio.to_thread(ctl.reconciler.settle, key, found)
         log.info("same-key retry of ambiguous %s forwarded: %s", key, found)
         return reply
 
     async def _unmapped(
-        self, ctl: Control, up: Upstream, request: Request, target: str,
-        headers: Sequence[tuple[str, str]], principal: Principal,
+        self,
+        ctl: Control,
+        up: Upstream,
+        request: Request,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        principal: Principal,
     ) -> Reply:
-        reply = await self.forwarder.send(up, request.method, target, forward_headers(headers),
-                                          request.body)
+        reply = await self.forwarder.send(
+            up, request.method, target, forward_headers(headers), request.body
+        )
         outcome = classify(up.profile, "", status=reply.status, transport=reply.transport)
-        action = Action(f"{up.name}.unmapped_write", {"method": request.method,
-                        "path": request.path}, principal, None, ctl.environment)
-        await asyncio.to_thread(ctl.record_unprotected, action, outcome.value,
-                                reason="unmapped_writes: allow", error=reply.error)
+        action = Action(
+            f"{up.name}.unmapped_write",
+            {"method": request.method, "path": request.path},
+            principal,
+            None,
+            ctl.environment,
+        )
+        await asyncio.to_thread(
+            ctl.record_unprotected,
+            action,
+            outcome.value,
+            reason="unmapped_writes: allow",
+            error=reply.error,
+        )
         return reply

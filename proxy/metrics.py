@@ -14,20 +14,33 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.decisions = Counter("ctrlrun_decisions", "Protected requests by action and outcome",
-                                 ["action", "outcome"], registry=self.registry)
-        self.reconciliations = Counter("ctrlrun_reconciliations", "Reconciler answers",
-                                       ["answer"], registry=self.registry)
-        self.store_errors = Counter("ctrlrun_store_errors", "Ledger errors that refused a request",
-                                    registry=self.registry)
+        self.decisions = Counter(
+            "ctrlrun_decisions",
+            "Protected requests by action and outcome",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
+        self.reconciliations = Counter(
+            "ctrlrun_reconciliations", "Reconciler answers", ["answer"], registry=self.registry
+        )
+        self.store_errors = Counter(
+            "ctrlrun_store_errors", "Ledger errors that refused a request", registry=self.registry
+        )
         self.upstream_latency = Histogram(
-            "ctrlrun_upstream_latency_seconds", "Time to forward a protected request upstream",
-            ["upstream"], registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.effects = Gauge("ctrlrun_effects", "Effect records by state", ["state"],
-                             registry=self.registry)
-        self.ambiguous_open = Gauge("ctrlrun_ambiguous_effects_open",
-                                    "Effects whose outcome is unknown", registry=self.registry)
+            "ctrlrun_upstream_latency_seconds",
+            "Time to forward a protected request upstream",
+            ["upstream"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.effects = Gauge(
+            "ctrlrun_effects", "Effect records by state", ["state"], registry=self.registry
+        )
+        self.ambiguous_open = Gauge(
+            "ctrlrun_ambiguous_effects_open",
+            "Effects whose outcome is unknown",
+            registry=self.registry,
+        )
 
     def render(self, store: StateStore) -> bytes:
         """The exposition text; effect gauges are read from the ledger now (blocking)."""

@@ -16,8 +16,12 @@ from ctrlrun.upstreams import AgentCredential
 class Principals:
     """Resolves the principal of a request from its ``Proxy-Authorization`` header."""
 
-    def __init__(self, fixed: str | None, agents: tuple[AgentCredential, ...],
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        fixed: str | None,
+        agents: tuple[AgentCredential, ...],
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         env = os.environ if environ is None else environ
         self.fixed = Principal(fixed) if fixed else None
         self.tokens: dict[str, bytes] = {}
@@ -43,7 +47,9 @@ class Principals:
         if scheme.lower() != "basic":
             return None
         try:
-            user, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+            user, _, password = (
+                base64.b64decode(value.strip(), validate=True).decode().partition(":")
+            )
         except (binascii.Error, UnicodeDecodeError):
             return None
         expected = self.tokens.get(user)

@@ -121,8 +121,10 @@ def check(settings: ProxySettings) -> str:
         for up in sidecar.upstreams:
             if up.ca_file and not Path(up.ca_file).is_file():
                 raise PolicyError(f"upstreams.{up.name}.ca_file: no such file {up.ca_file}")
-        return (f"ok: policy {sidecar.policy_file} ({len(sidecar.policy.actions)} actions, "
-                f"{len(sidecar.upstreams)} upstreams), ledger {sidecar.store.location}")
+        return (
+            f"ok: policy {sidecar.policy_file} ({len(sidecar.policy.actions)} actions, "
+            f"{len(sidecar.upstreams)} upstreams), ledger {sidecar.store.location}"
+        )
     finally:
         sidecar.store.close()
 
@@ -159,8 +161,13 @@ async def _serve(sidecar: Sidecar) -> int:
         opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
     forwarder = Forwarder(sidecar.upstreams)
     metrics = Metrics()
-    guard = Guard(lambda: sidecar.control, forwarder, sidecar.reconcilers,
-                  reconcile_deadline=settings.reconcile_deadline, metrics=metrics)
+    guard = Guard(
+        lambda: sidecar.control,
+        forwarder,
+        sidecar.reconcilers,
+        reconcile_deadline=settings.reconcile_deadline,
+        metrics=metrics,
+    )
     addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
     admin = None
     if settings.admin:
@@ -181,7 +188,11 @@ async def _serve(sidecar: Sidecar) -> int:
     waiter = asyncio.create_task(stopping.wait())
     await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
     # Finish in-flight protected requests first (bounded by their own deadlines).
-    deadline = loop.time() + max((u.timeout for u in sidecar.upstreams), default=30) + settings.reconcile_deadline
+    deadline = (
+        loop.time()
+        + max((u.timeout for u in sidecar.upstreams), default=30)
+        + settings.reconcile_deadline
+    )
     while guard.active and loop.time() < deadline:
         await asyncio.sleep(0.05)
     sweeper.cancel()
@@ -219,8 +230,9 @@ async def _sweep_forever(sidecar: Sidecar) -> None:
 class _Announce:
     """Prints the one start-up line once mitmproxy's listeners are bound."""
 
-    def __init__(self, sidecar: Sidecar, master: object, confdir: Path,
-                 admin: asyncio.Server | None) -> None:
+    def __init__(
+        self, sidecar: Sidecar, master: object, confdir: Path, admin: asyncio.Server | None
+    ) -> None:
         self.sidecar, self.master, self.confdir, self.admin = sidecar, master, confdir, admin
 
     def running(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import httpx
+
 from ctrlrun.reconcile import ReconcileOutcome
 
 log = logging.getLogger("ctrlrun.reconcilers")

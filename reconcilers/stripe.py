@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
@@ -82,8 +83,12 @@ class StripeReconciler:
 
     @classmethod
     def for_upstream(cls, upstream: Upstream) -> StripeReconciler:
-        return cls(upstream.url, api_key_env=upstream.api_key_env, ca_file=upstream.ca_file,
-                   settle_after=max(SETTLE_SECONDS, upstream.timeout))
+        return cls(
+            upstream.url,
+            api_key_env=upstream.api_key_env,
+            ca_file=upstream.ca_file,
+            settle_after=max(SETTLE_SECONDS, upstream.timeout),
+        )
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         try:
@@ -130,8 +135,11 @@ class StripeReconciler:
                 verdict = how(reader, arguments, _since(started_at), idempotency_keys)
         age = (datetime.now(UTC) - _aware(started_at)).total_seconds()
         if verdict[0] == "not_executed" and age < self.settle_after:
-            verdict = ("unknown", f"{verdict[1]}, but the attempt is only {age:.0f} s old and "
-                       f"Stripe may still be working on it (asked again after {self.settle_after:.0f} s)")
+            verdict = (
+                "unknown",
+                f"{verdict[1]}, but the attempt is only {age:.0f} s old and "
+                f"Stripe may still be working on it (asked again after {self.settle_after:.0f} s)",
+            )
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
         return verdict[0]
 

@@ -54,8 +54,10 @@ def sweep(
         if keys:
             rows = [r for k in keys if (r := ledger.get_effect_row(conn, k)) is not None]
         else:
-            rows = [ledger.get_effect_row(conn, rec.effect_key) or {}
-                    for rec in ledger.list_effects(conn, EffectState.AMBIGUOUS, limit)]
+            rows = [
+                ledger.get_effect_row(conn, rec.effect_key) or {}
+                for rec in ledger.list_effects(conn, EffectState.AMBIGUOUS, limit)
+            ]
     results: list[tuple[str, str]] = []
     for row in rows:
         if not row or row["state"] != EffectState.AMBIGUOUS.value:
@@ -67,8 +69,9 @@ def sweep(
             if keys:
                 results.append((row["effect_key"], "no reconciler for this effect"))
             continue
-        answer = control.reconciler.run(row["effect_key"], _ask(reconciler, facts_for(row)),
-                                        trigger="sweep")
+        answer = control.reconciler.run(
+            row["effect_key"], _ask(reconciler, facts_for(row)), trigger="sweep"
+        )
         results.append((row["effect_key"], answer))
     return results
 

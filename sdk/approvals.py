@@ -71,33 +71,47 @@ def request_approval(
     return request_id
 
 
-def consume(
-    conn: Connection, approval_id: str, action: Action, now: datetime
-) -> Approval:
+def consume(conn: Connection, approval_id: str, action: Action, now: datetime) -> Approval:
     """Consume a granted approval for ``action`` or raise why not (records the refusal)."""
     row = approval_row(conn, approval_id)
     reason = check_consumable(row, approval_id, action.hash, now)
     if reason == "denied":
-        raise ActionDenied("approval_denied", f"{action.name} denied: approval {approval_id} was denied")
+        raise ActionDenied(
+            "approval_denied", f"{action.name} denied: approval {approval_id} was denied"
+        )
     if reason is not None:
-        if reason == "expired" and row is not None:
-            if move_approval(conn, approval_id, old="granted", new="expired", values={}):
-                append_event(conn, now, EventType.APPROVAL_EXPIRED, action_id=action.action_id,
-                             approval_id=approval_id)
+        if (
+            reason == "expired"
+            and row is not None
+            and move_approval(conn, approval_id, old="granted", new="expired", values={})
+        ):
+            append_event(
+                conn,
+                now,
+                EventType.APPROVAL_EXPIRED,
+                action_id=action.action_id,
+                approval_id=approval_id,
+            )
         raise ApprovalMismatch(reason, approval_id=approval_id)
     assert row is not None
-    if not move_approval(conn, approval_id, old="granted", new="consumed", values={"consumed_at": iso(now)}):
+    if not move_approval(
+        conn, approval_id, old="granted", new="consumed", values={"consumed_at": iso(now)}
+    ):
         raise ApprovalMismatch("consumed", approval_id=approval_id)
     return Approval(approval_id, action.hash, row["approver"])
 
 
-def answer(conn: Connection, approval_id: str, *, grant: bool, approver: str, now: datetime) -> Mapping[str, Any]:
+def answer(
+    conn: Connection, approval_id: str, *, grant: bool, approver: str, now: datetime
+) -> Mapping[str, Any]:
     """Grant or deny a pending request; raise ``ApprovalMismatch`` when it is not pending."""
     if not approval_id:
         raise InvalidArgument("an approval request id is required")
     row = approval_row(conn, approval_id)
     if row is None:
-        raise ApprovalMismatch("unknown", f"no approval request {approval_id}", approval_id=approval_id)
+        raise ApprovalMismatch(
+            "unknown", f"no approval request {approval_id}", approval_id=approval_id
+        )
     status = row["status"]
     if status == "pending" and now > parse_iso(row["expires_at"]):
         move_approval(conn, approval_id, old="pending", new="expired", values={})
@@ -105,12 +119,16 @@ def answer(conn: Connection, approval_id: str, *, grant: bool, approver: str, no
         status = "expired"
     if status != "pending":
         raise ApprovalMismatch(
-            status, f"approval request {approval_id} is {status}, not pending", approval_id=approval_id
+            status,
+            f"approval request {approval_id} is {status}, not pending",
+            approval_id=approval_id,
         )
     values: dict[str, Any] = {"approver": approver}
     if grant:
         values["granted_at"] = iso(now)
-    move_approval(conn, approval_id, old="pending", new="granted" if grant else "denied", values=values)
+    move_approval(
+        conn, approval_id, old="pending", new="granted" if grant else "denied", values=values
+    )
     append_event(
         conn,
         now,

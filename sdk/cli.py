@@ -31,7 +31,10 @@ from .states import EffectState
 from .store import NoLedger, StateStore
 
 F = TypeVar("F", bound=Callable[..., Any])
-STORE_HELP = "Ledger URL (sqlite:///PATH or postgresql://…). Default: $CTRLRUN_STORE_URL, $CTRLRUN_STATE, or .ctrlrun/state.db beside the policy."
+STORE_HELP = (
+    "Ledger URL (sqlite:///PATH or postgresql://…). Default: $CTRLRUN_STORE_URL, "
+    "$CTRLRUN_STATE, or .ctrlrun/state.db beside the policy."
+)
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -68,7 +71,7 @@ store_option = click.option("--store-url", metavar="URL", help=STORE_HELP)
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="ctrlrun")
 def main() -> None:
-    """ctrlrun: an agent's consequential actions at most once, only as policy allows, with a receipt.
+    """ctrlrun: an agent's consequential actions at most once, as policy allows, with a receipt.
 
     \b
     Start here:
@@ -101,7 +104,9 @@ def init(force: bool) -> None:
 
 @main.command()
 @click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the last N lines.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line (kind: receipt|event).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line (kind: receipt|event)."
+)
 @click.option("--verify-chain", is_flag=True, help="Check the hash chain; exit 1 on any break.")
 @store_option
 @errors
@@ -141,8 +146,11 @@ def receipts(last: int | None, as_json: bool, verify_chain: bool, store_url: str
 
 
 @main.command()
-@click.option("--state", type=click.Choice([s.value for s in EffectState if s is not EffectState.NEW]),
-              help="Only effects in this state.")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in EffectState if s is not EffectState.NEW]),
+    help="Only effects in this state.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @store_option
 @errors
@@ -185,11 +193,17 @@ def inspect_cmd(action_id: str, as_json: bool, store_url: str | None) -> None:
     r = found["receipt"]
     if r:
         click.echo(f"action     {r['action']}  ({action_id})")
-        click.echo(f"principal  {r['principal']['agent']}" + (f" for {r['principal']['user']}" if r['principal']['user'] else ""))
+        click.echo(
+            f"principal  {r['principal']['agent']}"
+            + (f" for {r['principal']['user']}" if r["principal"]["user"] else "")
+        )
         click.echo(f"arguments  {json.dumps(r['arguments'], sort_keys=True)}")
         click.echo(f"decision   {r['decision']} ({r['decision_reason']})")
         click.echo(f"effect     {r['effect_key'] or '-'}  attempt {r['attempt'] or '-'}")
-        click.echo(f"receipt    {r['receipt_id']}  {r['result']}" + (f"  {r['error']}" if r['error'] else ""))
+        click.echo(
+            f"receipt    {r['receipt_id']}  {r['result']}"
+            + (f"  {r['error']}" if r["error"] else "")
+        )
     else:
         click.echo(f"action     {action_id}")
         click.echo("receipt    -  (awaiting a human or still executing)")
@@ -197,7 +211,10 @@ def inspect_cmd(action_id: str, as_json: bool, store_url: str | None) -> None:
         e = found["effect"]
         click.echo(f"record     {e['effect_key']}  {e['state']}  attempt {e['attempt']}")
     for a in found["approvals"]:
-        click.echo(f"approval   {a['approval_id']}  {a['status']}" + (f"  by {a['approver']}" if a['approver'] else ""))
+        click.echo(
+            f"approval   {a['approval_id']}  {a['status']}"
+            + (f"  by {a['approver']}" if a["approver"] else "")
+        )
     for i, ev in enumerate(found["events"], 1):
         data = " ".join(f"{k}={v}" for k, v in sorted(ev["data"].items()))
         click.echo(f"{i:3d}  {ev['ts']}  {ev['type']:<28} {data}".rstrip())
@@ -252,11 +269,22 @@ def approvals(as_json: bool, store_url: str | None) -> None:
     for row in pending:
         action = json.loads(row["action_json"])
         if as_json:
-            click.echo(json.dumps({"request_id": row["approval_id"], "action": action,
-                                   "created_at": row["created_at"], "expires_at": row["expires_at"]}))
+            click.echo(
+                json.dumps(
+                    {
+                        "request_id": row["approval_id"],
+                        "action": action,
+                        "created_at": row["created_at"],
+                        "expires_at": row["expires_at"],
+                    }
+                )
+            )
             continue
-        click.echo(f"{row['approval_id']}  {action['name']}  {json.dumps(action['arguments'], sort_keys=True)}"
-                   f"  agent {action['principal']['agent']}  expires {row['expires_at']}")
+        click.echo(
+            f"{row['approval_id']}  {action['name']}  "
+            f"{json.dumps(action['arguments'], sort_keys=True)}"
+            f"  agent {action['principal']['agent']}  expires {row['expires_at']}"
+        )
 
 
 def _answer(request_id: str, grant: bool, store_url: str | None) -> None:
@@ -325,7 +353,14 @@ def stats(as_json: bool, store_url: str | None) -> None:
 
 
 @main.command()
-@click.option("--dir", "workdir", metavar="DIR", default=".ctrlrun/demo", show_default=True, help="Where the demo keeps its policy and ledger.")
+@click.option(
+    "--dir",
+    "workdir",
+    metavar="DIR",
+    default=".ctrlrun/demo",
+    show_default=True,
+    help="Where the demo keeps its policy and ledger.",
+)
 @errors
 def demo(workdir: str) -> None:
     """See ctrlrun work, offline, in under a minute: a real sidecar, fake Stripe and Kubernetes.
@@ -340,18 +375,57 @@ def demo(workdir: str) -> None:
 
 
 @main.command()
-@click.option("--policy", "policy_file", metavar="FILE", help="Policy file (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).")
-@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="Explicit proxy listener (HTTPS_PROXY/HTTP_PROXY).")
+@click.option(
+    "--policy",
+    "policy_file",
+    metavar="FILE",
+    help="Policy file (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8080",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Explicit proxy listener (HTTPS_PROXY/HTTP_PROXY).",
+)
 @store_option
 @click.option("--principal", metavar="NAME", help="The agent this sidecar speaks for.")
 @click.option("--admin", metavar="HOST:PORT", help="Admin listener (/healthz, /readyz, /metrics).")
-@click.option("--confdir", default="~/.mitmproxy", show_default=True, metavar="DIR", help="Where the CA lives; clients trust DIR/mitmproxy-ca-cert.pem.")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--sweep-interval", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SECONDS", help="How often ambiguous effects are reconciled (0: never).")
-@click.option("--check", is_flag=True, help="Validate policy, upstreams, ledger and listeners; exit 0 or 2 without serving.")
+@click.option(
+    "--confdir",
+    default="~/.mitmproxy",
+    show_default=True,
+    metavar="DIR",
+    help="Where the CA lives; clients trust DIR/mitmproxy-ca-cert.pem.",
+)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.option(
+    "--sweep-interval",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often ambiguous effects are reconciled (0: never).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Validate policy, upstreams, ledger and listeners; exit 0 or 2 without serving.",
+)
 @errors
-def proxy(policy_file: str | None, listen: str, store_url: str | None, principal: str | None,
-          admin: str | None, confdir: str, log_format: str, sweep_interval: float, check: bool) -> None:
+def proxy(
+    policy_file: str | None,
+    listen: str,
+    store_url: str | None,
+    principal: str | None,
+    admin: str | None,
+    confdir: str,
+    log_format: str,
+    sweep_interval: float,
+    check: bool,
+) -> None:
     """Run the sidecar proxy beside an agent.
 
     \b
@@ -368,9 +442,13 @@ def proxy(policy_file: str | None, listen: str, store_url: str | None, principal
     except ImportError as exc:
         raise MissingDependency("mitmproxy", "proxy") from exc
     settings = server.ProxySettings(
-        policy=policy_file, listen=server.parse_address(listen, "--listen"), store_url=store_url,
-        principal=principal, admin=server.parse_address(admin, "--admin") if admin else None,
-        confdir=confdir, sweep_interval=sweep_interval,
+        policy=policy_file,
+        listen=server.parse_address(listen, "--listen"),
+        store_url=store_url,
+        principal=principal,
+        admin=server.parse_address(admin, "--admin") if admin else None,
+        confdir=confdir,
+        sweep_interval=sweep_interval,
     )
     if check:
         click.echo(server.check(settings))
@@ -381,7 +459,12 @@ def proxy(policy_file: str | None, listen: str, store_url: str | None, principal
 
 @main.command()
 @click.argument("effect_key", required=False)
-@click.option("--policy", "policy_file", metavar="FILE", help="Policy file with the upstreams (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).")
+@click.option(
+    "--policy",
+    "policy_file",
+    metavar="FILE",
+    help="Policy file with the upstreams (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).",
+)
 @store_option
 @errors
 def reconcile(effect_key: str | None, policy_file: str | None, store_url: str | None) -> None:
@@ -400,10 +483,17 @@ def reconcile(effect_key: str | None, policy_file: str | None, store_url: str | 
 
     policy = load_policy(policy_file)
     store = reader(store_url, policy_file)
-    results = sweep(Control(policy, store), registry.build(policy.proxy.upstreams),
-                    keys=[effect_key] if effect_key else None)
+    results = sweep(
+        Control(policy, store),
+        registry.build(policy.proxy.upstreams),
+        keys=[effect_key] if effect_key else None,
+    )
     if not results:
-        click.echo(f"{effect_key}: nothing to reconcile" if effect_key else "no ambiguous effects to reconcile")
+        click.echo(
+            f"{effect_key}: nothing to reconcile"
+            if effect_key
+            else "no ambiguous effects to reconcile"
+        )
         if effect_key:
             sys.exit(1)
         return
@@ -427,8 +517,10 @@ def policy_check(file: str) -> None:
     from .policy import Policy
 
     loaded = Policy.from_file(file)
-    click.echo(f"{file}: ok ({loaded.schema}, {len(loaded.actions)} actions, "
-               f"{len(loaded.proxy.upstreams)} upstreams, mode {loaded.mode})")
+    click.echo(
+        f"{file}: ok ({loaded.schema}, {len(loaded.actions)} actions, "
+        f"{len(loaded.proxy.upstreams)} upstreams, mode {loaded.mode})"
+    )
     for name in loaded.actions_without_effect():
         click.echo(f"warning: {name} has no effect: template; its writes cannot be deduplicated")
 

@@ -44,7 +44,10 @@ def store_url(explicit: str | None = None, policy: str | os.PathLike[str] | None
 
 
 def open_default_store(
-    explicit: str | None = None, policy: str | os.PathLike[str] | None = None, *, create: bool = True
+    explicit: str | None = None,
+    policy: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = True,
 ) -> StateStore:
     from .store import open_store
 

@@ -25,8 +25,8 @@ from .errors import (
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
-    CTRLRunError,
     ApprovalTimeout,
+    CTRLRunError,
     DuplicateEffect,
     EffectKeyError,
     InvalidArgument,
@@ -34,7 +34,7 @@ from .errors import (
 )
 from .events import EventType
 from .receipts import Receipt, write_receipt
-from .reconcile import Reconciler, ReconcileHook
+from .reconcile import ReconcileHook, Reconciler
 from .states import EffectState, Refuse, Reserve, plan_reservation
 
 if TYPE_CHECKING:
@@ -142,10 +142,20 @@ class Control:
         observe = policy.mode == "observe"
         attempt = Attempt(action, effect_key, 0, decision, reason, policy.policy_hash, now)
         proposed = [
-            ledger.event_row(now, EventType.ACTION_PROPOSED, action.action_id, effect_key,
-                             data={"action_hash": action.hash}),
-            ledger.event_row(now, EventType.POLICY_EVALUATED, action.action_id, effect_key,
-                             data={"decision": decision, "reason": reason}),
+            ledger.event_row(
+                now,
+                EventType.ACTION_PROPOSED,
+                action.action_id,
+                effect_key,
+                data={"action_hash": action.hash},
+            ),
+            ledger.event_row(
+                now,
+                EventType.POLICY_EVALUATED,
+                action.action_id,
+                effect_key,
+                data={"decision": decision, "reason": reason},
+            ),
         ]
         if observe and decision != "allow":
             blocked = "approval_required" if decision == "approve" else reason
@@ -153,17 +163,27 @@ class Control:
         elif decision == "deny":
             with self.store.transaction() as conn:
                 ledger.append_events(conn, proposed)
-                ledger.append_event(conn, now, EventType.ACTION_DENIED, action_id=action.action_id,
-                                    effect_key=effect_key, data={"reason": reason})
+                ledger.append_event(
+                    conn,
+                    now,
+                    EventType.ACTION_DENIED,
+                    action_id=action.action_id,
+                    effect_key=effect_key,
+                    data={"reason": reason},
+                )
                 receipt = self._receipt(conn, attempt, "denied", None, now)
             log.info("%s denied (%s) receipt=%s", action.name, reason, receipt.receipt_id)
-            denied = ActionDenied(reason, f"{action.name} denied: {reason}", action_id=action.action_id)
+            denied = ActionDenied(
+                reason, f"{action.name} denied: {reason}", action_id=action.action_id
+            )
             denied.receipt_id = receipt.receipt_id  # type: ignore[attr-defined]
             raise denied
         elif decision == "approve" and approval_id is None:
             with self.store.transaction() as conn:
                 ledger.append_events(conn, proposed)
-                request_id = request_approval(conn, action, now, self.approval_ttl, policy.policy_hash)
+                request_id = request_approval(
+                    conn, action, now, self.approval_ttl, policy.policy_hash
+                )
             log.info("%s needs approval %s", action.name, request_id)
             raise ApprovalRequired(request_id, action_id=action.action_id)
 
@@ -174,9 +194,18 @@ class Control:
             try:
                 with self.store.transaction() as conn:
                     ledger.append_events(conn, proposed)
-                    self._reserve(conn, attempt, gate, now, lease_for, window, reconcile,
-                                  approval_id if decision == "approve" and not observe else None,
-                                  idempotency_key, upstream)
+                    self._reserve(
+                        conn,
+                        attempt,
+                        gate,
+                        now,
+                        lease_for,
+                        window,
+                        reconcile,
+                        approval_id if decision == "approve" and not observe else None,
+                        idempotency_key,
+                        upstream,
+                    )
             except _LostRace:
                 # Another sidecar took the key between our read and our write. Everything this
                 # transaction wrote (an approval consumed, events) is rolled back: plan again.
@@ -210,41 +239,72 @@ class Control:
     ) -> None:
         action, key = attempt.action, attempt.effect_key
         observe = attempt.would_have is not None or self.policy.mode == "observe"
-        if key is not None and approval_id is None and not observe:
-            # Most keys are new: try the insert first and read the record only if it exists.
-            if self._insert_new(conn, attempt, key, now, lease, idempotency_key, upstream):
-                return
+        # Most keys are new: try the insert first and read the record only if it exists.
+        if (
+            key is not None
+            and approval_id is None
+            and not observe
+            and self._insert_new(conn, attempt, key, now, lease, idempotency_key, upstream)
+        ):
+            return
         if key is not None:
             record = ledger.get_effect(conn, key)
             plan = plan_reservation(record, now, window)
             if isinstance(plan, Refuse):
                 assert record is not None
                 if plan.ambiguate:
-                    ledger.move_effect(conn, key, old=record.state, new=EffectState.AMBIGUOUS,
-                                       action_id=record.action_id, attempt=record.attempt,
-                                       values={"updated_at": iso(now), "lease_expires_at": None,
-                                               "error": "lease expired before an outcome was recorded"})
-                    ledger.append_event(conn, now, EventType.EXECUTION_AMBIGUOUS,
-                                        action_id=record.action_id, effect_key=key,
-                                        data={"error": "lease expired before an outcome was recorded"})
+                    ledger.move_effect(
+                        conn,
+                        key,
+                        old=record.state,
+                        new=EffectState.AMBIGUOUS,
+                        action_id=record.action_id,
+                        attempt=record.attempt,
+                        values={
+                            "updated_at": iso(now),
+                            "lease_expires_at": None,
+                            "error": "lease expired before an outcome was recorded",
+                        },
+                    )
+                    ledger.append_event(
+                        conn,
+                        now,
+                        EventType.EXECUTION_AMBIGUOUS,
+                        action_id=record.action_id,
+                        effect_key=key,
+                        data={"error": "lease expired before an outcome was recorded"},
+                    )
                 if plan.kind == "ambiguous" and reconcile is not None and not attempt.reconciled:
                     gate.reconcile = True
                     return
                 if observe:
                     attempt.would_have = attempt.would_have or {
-                        "decision": attempt.decision, "reason": attempt.reason,
+                        "decision": attempt.decision,
+                        "reason": attempt.reason,
                         "blocked_reason": "duplicate" if plan.kind == "committed" else plan.kind,
                     }
-                    ledger.append_event(conn, now, EventType.EXECUTION_STARTED,
-                                        action_id=action.action_id, effect_key=key)
+                    ledger.append_event(
+                        conn,
+                        now,
+                        EventType.EXECUTION_STARTED,
+                        action_id=action.action_id,
+                        effect_key=key,
+                    )
                     return
                 data: dict[str, Any] = {"reason": "ambiguous"}
                 if plan.kind != "ambiguous":
                     data = {"reason": "duplicate", "state": plan.kind}
-                ledger.append_event(conn, now, EventType.EFFECT_RESERVATION_REFUSED,
-                                    action_id=action.action_id, effect_key=key, data=data)
-                gate.receipt = self._receipt(conn, attempt, "blocked", None, now,
-                                             error=f"refused: {plan.kind}")
+                ledger.append_event(
+                    conn,
+                    now,
+                    EventType.EFFECT_RESERVATION_REFUSED,
+                    action_id=action.action_id,
+                    effect_key=key,
+                    data=data,
+                )
+                gate.receipt = self._receipt(
+                    conn, attempt, "blocked", None, now, error=f"refused: {plan.kind}"
+                )
                 if plan.kind == "ambiguous":
                     gate.refusal = AmbiguousEffect(key, action_id=plan.holder)
                 else:
@@ -255,33 +315,64 @@ class Control:
                 attempt.approval = consume(conn, approval_id, action, now)
             except (ApprovalMismatch, ActionDenied) as exc:
                 reason = getattr(exc, "reason", "mismatch")
-                ledger.append_event(conn, now, EventType.APPROVAL_INVALIDATED,
-                                    action_id=action.action_id, approval_id=approval_id,
-                                    effect_key=key, data={"reason": reason, "action_hash": action.hash})
+                ledger.append_event(
+                    conn,
+                    now,
+                    EventType.APPROVAL_INVALIDATED,
+                    action_id=action.action_id,
+                    approval_id=approval_id,
+                    effect_key=key,
+                    data={"reason": reason, "action_hash": action.hash},
+                )
                 result = "denied" if isinstance(exc, ActionDenied) else "blocked"
-                gate.receipt = self._receipt(conn, attempt, result, None, now, error=str(exc),
-                                             approval_id=approval_id)
+                gate.receipt = self._receipt(
+                    conn, attempt, result, None, now, error=str(exc), approval_id=approval_id
+                )
                 gate.refusal = exc
                 return
-            ledger.append_event(conn, now, EventType.APPROVAL_CONSUMED, action_id=action.action_id,
-                                approval_id=approval_id, data={"approver": attempt.approval.approver})
+            ledger.append_event(
+                conn,
+                now,
+                EventType.APPROVAL_CONSUMED,
+                action_id=action.action_id,
+                approval_id=approval_id,
+                data={"approver": attempt.approval.approver},
+            )
         if key is not None:
             assert isinstance(plan, Reserve)
             values = _effect_values(action, plan.attempt, now, lease, idempotency_key, upstream)
             # Reserved and executing in one transaction: nobody can see the key in between.
             if plan.previous is EffectState.NEW:
-                won = ledger.insert_effect(conn, {**values, "effect_key": key,
-                                                  "state": EffectState.EXECUTING.value,
-                                                  "created_at": iso(now)})
+                won = ledger.insert_effect(
+                    conn,
+                    {
+                        **values,
+                        "effect_key": key,
+                        "state": EffectState.EXECUTING.value,
+                        "created_at": iso(now),
+                    },
+                )
             else:
                 assert record is not None
-                won = ledger.move_effect(conn, key, old=record.state, new=EffectState.RESERVED,
-                                         action_id=record.action_id, attempt=record.attempt,
-                                         values={**values, "committed_at": None})
+                won = ledger.move_effect(
+                    conn,
+                    key,
+                    old=record.state,
+                    new=EffectState.RESERVED,
+                    action_id=record.action_id,
+                    attempt=record.attempt,
+                    values={**values, "committed_at": None},
+                )
                 if won:
-                    ledger.move_effect(conn, key, old=EffectState.RESERVED,
-                                       new=EffectState.EXECUTING, action_id=action.action_id,
-                                       attempt=plan.attempt, values={})
+                    ledger.move_effect(
+                        conn,
+                        key,
+                        old=EffectState.RESERVED,
+                        new=EffectState.EXECUTING,
+                        action_id=action.action_id,
+                        attempt=plan.attempt,
+                        values={},
+                    )
             if not won:
                 raise _LostRace
             self._held(conn, attempt, key, plan.attempt, now, lease)
@@ -289,8 +380,14 @@ class Control:
             ledger.append_event(conn, now, EventType.EXECUTION_STARTED, action_id=action.action_id)
 
     def _insert_new(
-        self, conn: Connection, attempt: Attempt, key: str, now: datetime, lease: timedelta,
-        idempotency_key: str | None, upstream: str | None,
+        self,
+        conn: Connection,
+        attempt: Attempt,
+        key: str,
+        now: datetime,
+        lease: timedelta,
+        idempotency_key: str | None,
+        upstream: str | None,
     ) -> bool:
         values = _effect_values(attempt.action, 1, now, lease, idempotency_key, upstream)
         values.update(effect_key=key, state=EffectState.EXECUTING.value, created_at=iso(now))
@@ -305,11 +402,19 @@ class Control:
     ) -> None:
         attempt.attempt, attempt.held = number, True
         action_id = attempt.action.action_id
-        ledger.append_events(conn, [
-            ledger.event_row(now, EventType.EFFECT_RESERVED, action_id, key,
-                             data={"attempt": number, "lease_expires_at": iso(now + lease)}),
-            ledger.event_row(now, EventType.EXECUTION_STARTED, action_id, key),
-        ])
+        ledger.append_events(
+            conn,
+            [
+                ledger.event_row(
+                    now,
+                    EventType.EFFECT_RESERVED,
+                    action_id,
+                    key,
+                    data={"attempt": number, "lease_expires_at": iso(now + lease)},
+                ),
+                ledger.event_row(now, EventType.EXECUTION_STARTED, action_id, key),
+            ],
+        )
 
     # -- after execution ---------------------------------------------------------------------
 
@@ -324,24 +429,41 @@ class Control:
         }[outcome]
         with self.store.transaction() as conn:
             if attempt.held and key is not None:
-                values: dict[str, Any] = {"updated_at": iso(now), "lease_expires_at": None,
-                                          "error": error}
+                values: dict[str, Any] = {
+                    "updated_at": iso(now),
+                    "lease_expires_at": None,
+                    "error": error,
+                }
                 if outcome == "committed":
                     values["committed_at"] = iso(now)
-                moved = ledger.move_effect(conn, key, old=EffectState.EXECUTING,
-                                           new=EffectState(outcome), action_id=action.action_id,
-                                           attempt=attempt.attempt, values=values)
+                moved = ledger.move_effect(
+                    conn,
+                    key,
+                    old=EffectState.EXECUTING,
+                    new=EffectState(outcome),
+                    action_id=action.action_id,
+                    attempt=attempt.attempt,
+                    values=values,
+                )
                 if not moved:
                     # Our lease ran out and a contender ambiguated the record: the outcome we
                     # saw cannot be written over it, so this attempt is recorded as ambiguous.
                     error = f"outcome {outcome} not recorded: the record moved while executing"
                     outcome, event = "ambiguous", EventType.EXECUTION_AMBIGUOUS
             data = {"error": error} if outcome != "committed" else {}
-            pos = ledger.append_event(conn, now, event, action_id=action.action_id,
-                                      effect_key=key, data=data)
+            pos = ledger.append_event(
+                conn, now, event, action_id=action.action_id, effect_key=key, data=data
+            )
             observed = attempt.would_have is not None or self.policy.mode == "observe"
-            receipt = self._receipt(conn, attempt, "observed" if observed else outcome, outcome,
-                                    now, error=error, event_pos=pos)
+            receipt = self._receipt(
+                conn,
+                attempt,
+                "observed" if observed else outcome,
+                outcome,
+                now,
+                error=error,
+                event_pos=pos,
+            )
         log.info("%s %s key=%s receipt=%s", action.name, outcome, key, receipt.receipt_id)
         return receipt
 
@@ -357,8 +479,9 @@ class Control:
         reconcile_eagerly: bool = False,
     ) -> tuple[T, Receipt]:
         """Run ``executor`` under the full pipeline; returns its value and the receipt."""
-        attempt = self.begin(action, effect_key, approval_id=approval_id, lease=lease,
-                             reconcile=reconcile)
+        attempt = self.begin(
+            action, effect_key, approval_id=approval_id, lease=lease, reconcile=reconcile
+        )
         try:
             with attempt_token(attempt.held_key):
                 value = executor()
@@ -387,10 +510,20 @@ class Control:
         now = self.clock()
         attempt = Attempt(action, None, 0, "deny", "effect_key_error", self.policy.policy_hash, now)
         with self.store.transaction() as conn:
-            ledger.append_event(conn, now, EventType.ACTION_PROPOSED, action_id=action.action_id,
-                                data={"action_hash": action.hash})
-            ledger.append_event(conn, now, EventType.ACTION_DENIED, action_id=action.action_id,
-                                data={"reason": "effect_key_error", "error": str(exc)})
+            ledger.append_event(
+                conn,
+                now,
+                EventType.ACTION_PROPOSED,
+                action_id=action.action_id,
+                data={"action_hash": action.hash},
+            )
+            ledger.append_event(
+                conn,
+                now,
+                EventType.ACTION_DENIED,
+                action_id=action.action_id,
+                data={"reason": "effect_key_error", "error": str(exc)},
+            )
             return self._receipt(conn, attempt, "denied", None, now, error=str(exc))
 
     def record_unprotected(
@@ -400,8 +533,13 @@ class Control:
         now = self.clock()
         attempt = Attempt(action, None, 0, "allow", reason, self.policy.policy_hash, now)
         with self.store.transaction() as conn:
-            ledger.append_event(conn, now, EventType.ACTION_PROPOSED, action_id=action.action_id,
-                                data={"action_hash": action.hash, "unprotected": True})
+            ledger.append_event(
+                conn,
+                now,
+                EventType.ACTION_PROPOSED,
+                action_id=action.action_id,
+                data={"action_hash": action.hash, "unprotected": True},
+            )
             return self._receipt(conn, attempt, outcome, None, now, error=error)
 
     def wait_for_approval(self, request_id: str, timeout: timedelta | None = None) -> None:
@@ -461,7 +599,11 @@ class Control:
 
 
 def _effect_values(
-    action: Action, number: int, now: datetime, lease: timedelta, idempotency_key: str | None,
+    action: Action,
+    number: int,
+    now: datetime,
+    lease: timedelta,
+    idempotency_key: str | None,
     upstream: str | None,
 ) -> dict[str, Any]:
     return {

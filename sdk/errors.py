@@ -6,16 +6,16 @@ Every one of them derives from :class:`CTRLRunError`::
      +-- InvalidArgument      a value ctrlrun cannot accept (a float, an empty name, a bad template)
      +-- PolicyError          a policy that cannot be loaded or validated
      +-- EffectKeyError       an effect template that cannot be resolved for this call
-     +-- ActionDenied         the policy (or a missing principal) says no              .reason
-     +-- ApprovalRequired     a human must approve first                               .request_id
-     +-- ApprovalMismatch     the approval presented does not fit this action          .reason
-     +-- ApprovalTimeout      nobody answered an approval in time                      .request_id
-     +-- DuplicateEffect      the effect is committed or in progress                   .state .effect_key
-     +-- AmbiguousEffect      nobody knows whether the effect happened                 .effect_key
+     +-- ActionDenied         the policy (or a missing principal) says no     .reason
+     +-- ApprovalRequired     a human must approve first                      .request_id
+     +-- ApprovalMismatch     the approval presented does not fit this action .reason
+     +-- ApprovalTimeout      nobody answered an approval in time             .request_id
+     +-- DuplicateEffect      the effect is committed or in progress          .state .effect_key
+     +-- AmbiguousEffect      nobody knows whether the effect happened        .effect_key
      +-- NotExecuted          raised by an executor: the remote certainly did nothing
      +-- StoreError           the ledger could not be read or written
      |    +-- SchemaMismatch  the ledger's schema is newer than (or foreign to) this code
-     +-- MissingDependency    an optional extra is not installed                       .module .extra
+     +-- MissingDependency    an optional extra is not installed              .module .extra
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ class ActionDenied(CTRLRunError):
 class ApprovalRequired(CTRLRunError):
     """The policy wants a human to approve this action first."""
 
-    def __init__(self, request_id: str, message: str | None = None, *, action_id: str | None = None):
+    def __init__(
+        self, request_id: str, message: str | None = None, *, action_id: str | None = None
+    ):
         super().__init__(
             message
             or f"approval required: run 'ctrlrun approve {request_id}', then retry inside "
@@ -63,7 +65,9 @@ class ApprovalMismatch(CTRLRunError):
     """The approval presented cannot be used for this action."""
 
     def __init__(self, reason: str, message: str | None = None, *, approval_id: str | None = None):
-        super().__init__(message or f"approval {approval_id or ''} refused: {reason}".replace("  ", " "))
+        super().__init__(
+            message or f"approval {approval_id or ''} refused: {reason}".replace("  ", " ")
+        )
         self.reason = reason
         self.approval_id = approval_id
 
@@ -80,7 +84,12 @@ class DuplicateEffect(CTRLRunError):
     """The effect is already committed, or another attempt holds it."""
 
     def __init__(
-        self, state: str, effect_key: str, message: str | None = None, *, action_id: str | None = None
+        self,
+        state: str,
+        effect_key: str,
+        message: str | None = None,
+        *,
+        action_id: str | None = None,
     ):
         if message is None:
             if state == "committed":
@@ -96,7 +105,9 @@ class DuplicateEffect(CTRLRunError):
 class AmbiguousEffect(CTRLRunError):
     """Nobody knows whether the effect happened; a blind retry is refused."""
 
-    def __init__(self, effect_key: str, message: str | None = None, *, action_id: str | None = None):
+    def __init__(
+        self, effect_key: str, message: str | None = None, *, action_id: str | None = None
+    ):
         super().__init__(
             message
             or f"effect {effect_key!r} has an unknown outcome from {action_id}; resolve it with "

@@ -21,15 +21,14 @@ from .schema import GENESIS_HASH, approvals, events, receipt_chain, receipts
 from .schema import effects as E
 from .states import EffectRecord, EffectState, check_transition
 
-
 # Statements built once: building one per call (``.values(...)``) costs ten times executing it.
 _GET_EFFECT = select(E).where(E.c.effect_key == bindparam("_key"))
 # The row count of an INSERT is how a reservation knows it won; SQLAlchemy drops it for
 # INSERTs unless asked to keep it.
 _INSERT_EFFECT = {
-    "postgresql": postgresql.insert(E).on_conflict_do_nothing().execution_options(
-        preserve_rowcount=True
-    ),
+    "postgresql": postgresql.insert(E)
+    .on_conflict_do_nothing()
+    .execution_options(preserve_rowcount=True),
     "sqlite": sqlite.insert(E).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
 }
 _MOVE_EFFECT = update(E).where(
@@ -104,8 +103,14 @@ def move_effect(
 ) -> bool:
     """Compare-and-set one transition; False when the record is no longer as expected."""
     check_transition(old, new)
-    params = {**values, "state": new.value, "_key": key, "_old": old.value,
-              "_action_id": action_id, "_attempt": attempt}
+    params = {
+        **values,
+        "state": new.value,
+        "_key": key,
+        "_old": old.value,
+        "_action_id": action_id,
+        "_attempt": attempt,
+    }
     return conn.execute(_MOVE_EFFECT, params).rowcount == 1
 
 
@@ -223,11 +228,7 @@ def move_approval(
 
 
 def pending_approvals(conn: Connection) -> list[Mapping[str, Any]]:
-    stmt = (
-        select(approvals)
-        .where(approvals.c.status == "pending")
-        .order_by(approvals.c.created_at)
-    )
+    stmt = select(approvals).where(approvals.c.status == "pending").order_by(approvals.c.created_at)
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 

@@ -13,8 +13,12 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: ts, level, logger, message."""
 
     def format(self, record: logging.LogRecord) -> str:
-        doc = {"ts": iso(utc_now()), "level": record.levelname.lower(), "logger": record.name,
-               "message": record.getMessage()}
+        doc = {
+            "ts": iso(utc_now()),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info and record.exc_info[0] is not None:
             doc["error"] = record.exc_info[0].__name__
         return json.dumps(doc)

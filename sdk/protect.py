@@ -59,11 +59,16 @@ def protect(
                 )
         warned: list[bool] = []
 
-        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Control, Action, str | None]:
+        def prepare(
+            args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[Control, Action, str | None]:
             principal = current_principal()
             if principal is None:
                 log.warning("%s refused: no principal (use ctrlrun.context(agent=...))", name)
-                raise ActionDenied("no_principal", f"{name} denied: no principal; call it inside ctrlrun.context(agent=...)")
+                raise ActionDenied(
+                    "no_principal",
+                    f"{name} denied: no principal; call it inside ctrlrun.context(agent=...)",
+                )
             ctl = control or process_control()
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -74,8 +79,12 @@ def protect(
             tpl = effect_tpl or policy_tpl
             if effect_tpl and policy_tpl and effect_tpl.text != policy_tpl.text and not warned:
                 warned.append(True)
-                log.warning("%s: decorator effect %r overrides policy effect %r",
-                            name, effect_tpl.text, policy_tpl.text)
+                log.warning(
+                    "%s: decorator effect %r overrides policy effect %r",
+                    name,
+                    effect_tpl.text,
+                    policy_tpl.text,
+                )
             key = None
             if tpl is not None:
                 try:
@@ -114,7 +123,9 @@ def protect(
                 except BaseException as exc:
                     await _shielded(ctl.finish, attempt, "ambiguous", describe(exc))
                     if isinstance(exc, Exception):
-                        await asyncio.to_thread(ctl.eager_reconcile, attempt, reconcile, reconcile_eagerly)
+                        await asyncio.to_thread(
+                            ctl.eager_reconcile, attempt, reconcile, reconcile_eagerly
+                        )
                     raise
                 await _shielded(ctl.finish, attempt, "committed", None)
                 return value
@@ -146,27 +157,41 @@ def protect(
 
 
 def _begin(
-    ctl: Control, action: Action, key: str | None, lease: timedelta | None,
-    reconcile: ReconcileHook | None, wait: bool,
+    ctl: Control,
+    action: Action,
+    key: str | None,
+    lease: timedelta | None,
+    reconcile: ReconcileHook | None,
+    wait: bool,
 ) -> Attempt:
     try:
-        return ctl.begin(action, key, approval_id=presented_approval(), lease=lease, reconcile=reconcile)
+        return ctl.begin(
+            action, key, approval_id=presented_approval(), lease=lease, reconcile=reconcile
+        )
     except ApprovalRequired as exc:
         if not wait:
             raise
         ctl.wait_for_approval(exc.request_id)
         with with_approval(exc.request_id):
-            return ctl.begin(action, key, approval_id=exc.request_id, lease=lease, reconcile=reconcile)
+            return ctl.begin(
+                action, key, approval_id=exc.request_id, lease=lease, reconcile=reconcile
+            )
 
 
 async def _begin_async(
-    ctl: Control, action: Action, key: str | None, lease: timedelta | None,
-    reconcile: ReconcileHook | None, wait: bool,
+    ctl: Control,
+    action: Action,
+    key: str | None,
+    lease: timedelta | None,
+    reconcile: ReconcileHook | None,
+    wait: bool,
 ) -> Attempt:
     return await asyncio.to_thread(_begin, ctl, action, key, lease, reconcile, wait)
 
 
-async def _shielded(finish: Callable[..., Any], attempt: Attempt, outcome: str, error: str | None) -> None:
+async def _shielded(
+    finish: Callable[..., Any], attempt: Attempt, outcome: str, error: str | None
+) -> None:
     # The outcome must be recorded even if the caller's task is cancelled while we write it.
     await asyncio.shield(asyncio.to_thread(finish, attempt, outcome, error=error))
 

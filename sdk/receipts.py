@@ -111,7 +111,9 @@ def verify_chain(conn: Connection) -> ChainReport:
     for seq, body, digest, prev_col in rows:
         count += 1
         if seq != expected_seq:
-            breaks.append(ChainBreak("missing", expected_seq, f"expected seq {expected_seq}, found {seq}"))
+            breaks.append(
+                ChainBreak("missing", expected_seq, f"expected seq {expected_seq}, found {seq}")
+            )
         try:
             doc = json.loads(body)
         except ValueError:
@@ -129,7 +131,9 @@ def verify_chain(conn: Connection) -> ChainReport:
         if doc.get("seq") != seq:
             breaks.append(ChainBreak("reordered", seq, f"document says seq {doc.get('seq')}"))
         if doc.get("prev_hash") != prev_hash or prev_col != prev_hash:
-            breaks.append(ChainBreak("link_broken", seq, "prev_hash does not name the receipt before"))
+            breaks.append(
+                ChainBreak("link_broken", seq, "prev_hash does not name the receipt before")
+            )
         expected_seq, prev_hash = seq + 1, digest
     head_seq, head_hash = chain_head(conn)
     if head_seq != expected_seq - 1 or head_hash != prev_hash:

@@ -64,8 +64,11 @@ class Reconciler:
         if error is not None:
             log.warning("reconcile hook for %s raised %s", effect_key, type(error).__name__)
             answer = "unknown"
-            data = {"outcome": answer, "reason": "raised",
-                    "error": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]}
+            data = {
+                "outcome": answer,
+                "reason": "raised",
+                "error": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500],
+            }
         elif isinstance(raw, str) and raw in ANSWERS:
             answer = raw
             data = {"outcome": answer}
@@ -76,9 +79,14 @@ class Reconciler:
         now = self.clock()
         with self.store.transaction() as conn:
             record = ledger.get_effect(conn, effect_key)
-            ledger.append_event(conn, now, EventType.RECONCILIATION_RESOLVED,
-                                action_id=record.action_id if record else None,
-                                effect_key=effect_key, data=data)
+            ledger.append_event(
+                conn,
+                now,
+                EventType.RECONCILIATION_RESOLVED,
+                action_id=record.action_id if record else None,
+                effect_key=effect_key,
+                data=data,
+            )
             if answer != "unknown" and record is not None and record.state is EffectState.AMBIGUOUS:
                 new = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
                 if not self._move(conn, record, new, now, "reconcile", "reconcile"):
@@ -115,14 +123,23 @@ class Reconciler:
                     if rec.lease_is_live(now):
                         continue
                     error = "lease expired before an outcome was recorded"
-                    if ledger.move_effect(conn, rec.effect_key, old=state,
-                                          new=EffectState.AMBIGUOUS, action_id=rec.action_id,
-                                          attempt=rec.attempt,
-                                          values={"updated_at": iso(now), "error": error,
-                                                  "lease_expires_at": None}):
-                        ledger.append_event(conn, now, EventType.EXECUTION_AMBIGUOUS,
-                                            action_id=rec.action_id, effect_key=rec.effect_key,
-                                            data={"error": error})
+                    if ledger.move_effect(
+                        conn,
+                        rec.effect_key,
+                        old=state,
+                        new=EffectState.AMBIGUOUS,
+                        action_id=rec.action_id,
+                        attempt=rec.attempt,
+                        values={"updated_at": iso(now), "error": error, "lease_expires_at": None},
+                    ):
+                        ledger.append_event(
+                            conn,
+                            now,
+                            EventType.EXECUTION_AMBIGUOUS,
+                            action_id=rec.action_id,
+                            effect_key=rec.effect_key,
+                            data={"error": error},
+                        )
                         moved.append(rec.effect_key)
         return moved
 
@@ -131,11 +148,22 @@ class Reconciler:
         values = {"updated_at": iso(now), "resolved_by": by}
         if new is EffectState.COMMITTED:
             values["committed_at"] = iso(now)
-        if not ledger.move_effect(conn, record.effect_key, old=EffectState.AMBIGUOUS, new=new,
-                                  action_id=record.action_id, attempt=record.attempt,
-                                  values=values):
+        if not ledger.move_effect(
+            conn,
+            record.effect_key,
+            old=EffectState.AMBIGUOUS,
+            new=new,
+            action_id=record.action_id,
+            attempt=record.attempt,
+            values=values,
+        ):
             return False
-        ledger.append_event(conn, now, EventType.EFFECT_RESOLVED, action_id=record.action_id,
-                            effect_key=record.effect_key,
-                            data={"state": new.value, "resolved_by": kind, "resolver": by})
+        ledger.append_event(
+            conn,
+            now,
+            EventType.EFFECT_RESOLVED,
+            action_id=record.action_id,
+            effect_key=record.effect_key,
+            data={"state": new.value, "resolved_by": kind, "resolver": by},
+        )
         return True

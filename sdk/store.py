@@ -120,7 +120,9 @@ class StateStore:
                 _migrate(conn)
                 conn.commit()
         except SQLAlchemyError as exc:
-            raise StoreError(f"cannot open the ledger at {self.location}: {_one_line(exc)}") from exc
+            raise StoreError(
+                f"cannot open the ledger at {self.location}: {_one_line(exc)}"
+            ) from exc
 
 
 def _current_revision(conn: Connection) -> str | None:
@@ -205,7 +207,9 @@ def open_store(url: str, *, create: bool = True) -> StateStore:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise InvalidArgument(f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)") from None
+        raise InvalidArgument(
+            f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)"
+        ) from None
     if parsed.drivername.startswith("sqlite"):
         if not parsed.database:
             raise InvalidArgument("a sqlite store URL needs a file: sqlite:///path/to/state.db")

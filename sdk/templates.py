@@ -31,7 +31,9 @@ class Template:
             name = match.group(1)
             if name == "resource" and name not in values:
                 if resource is None:
-                    raise EffectKeyError(f"template {self.text!r} needs a resource, and none is set")
+                    raise EffectKeyError(
+                        f"template {self.text!r} needs a resource, and none is set"
+                    )
                 return resource
             if name == "resource" and resource is not None:
                 raise EffectKeyError(

@@ -37,12 +37,18 @@ def timeline(conn: Connection, last: int | None = None) -> list[Receipt | Timeli
     if last is not None:
         r_stmt, e_stmt = r_stmt.limit(last), e_stmt.limit(last)
     items: list[tuple[float, Receipt | TimelineEvent]] = []
-    for body, digest, pos, seq in conn.execute(r_stmt):
+    for body, digest, pos, _seq in conn.execute(r_stmt):
         items.append(((pos or 0) + 0.5, Receipt(json.loads(body), digest)))
     for row in conn.execute(e_stmt):
         m = row._mapping
-        ev = TimelineEvent(m["event_id"], m["ts"], m["type"], m["action_id"], m["effect_key"],
-                           json.loads(m["data_json"]))
+        ev = TimelineEvent(
+            m["event_id"],
+            m["ts"],
+            m["type"],
+            m["action_id"],
+            m["effect_key"],
+            json.loads(m["data_json"]),
+        )
         items.append((float(m["event_id"]), ev))
     items.sort(key=lambda pair: pair[0])
     ordered = [item for _, item in items]
@@ -51,10 +57,16 @@ def timeline(conn: Connection, last: int | None = None) -> list[Receipt | Timeli
 
 def receipt_line(r: Receipt) -> str:
     d = r.document
-    return "  ".join([
-        d["finished_at"], d["receipt_id"], d["action"], f"{d['decision']}/{d['result']}",
-        d["effect_key"] or "-", d["principal"]["agent"],
-    ])
+    return "  ".join(
+        [
+            d["finished_at"],
+            d["receipt_id"],
+            d["action"],
+            f"{d['decision']}/{d['result']}",
+            d["effect_key"] or "-",
+            d["principal"]["agent"],
+        ]
+    )
 
 
 def event_line(e: TimelineEvent) -> str:
@@ -70,8 +82,15 @@ def event_line(e: TimelineEvent) -> str:
 
 
 def event_json(e: TimelineEvent) -> dict[str, Any]:
-    return {"kind": "event", "event_id": e.event_id, "ts": e.ts, "type": e.type,
-            "action_id": e.action_id, "effect_key": e.effect_key, "data": e.data}
+    return {
+        "kind": "event",
+        "event_id": e.event_id,
+        "ts": e.ts,
+        "type": e.type,
+        "action_id": e.action_id,
+        "effect_key": e.effect_key,
+        "data": e.data,
+    }
 
 
 def effect_line(rec: EffectRecord, now: Any) -> str:
@@ -81,31 +100,51 @@ def effect_line(rec: EffectRecord, now: Any) -> str:
     by = f"  resolved by {rec.resolved_by}" if rec.resolved_by else ""
     from .action import iso
 
-    return f"{rec.effect_key}  {state}  attempt {rec.attempt}  {rec.action_id}  {iso(rec.updated_at)}{by}"
+    updated = iso(rec.updated_at)
+    return f"{rec.effect_key}  {state}  attempt {rec.attempt}  {rec.action_id}  {updated}{by}"
 
 
 def effect_json(rec: EffectRecord) -> dict[str, Any]:
     from .action import iso
 
     return {
-        "effect_key": rec.effect_key, "state": rec.state.value, "attempt": rec.attempt,
-        "action_id": rec.action_id, "action": rec.action_name, "updated_at": iso(rec.updated_at),
-        "error": rec.error, "resolved_by": rec.resolved_by,
+        "effect_key": rec.effect_key,
+        "state": rec.state.value,
+        "attempt": rec.attempt,
+        "action_id": rec.action_id,
+        "action": rec.action_name,
+        "updated_at": iso(rec.updated_at),
+        "error": rec.error,
+        "resolved_by": rec.resolved_by,
     }
 
 
 def inspection(conn: Connection, action_id: str) -> dict[str, Any] | None:
     """Everything the ledger knows about one action: receipt, effect, approvals, events."""
-    rows = list(conn.execute(select(events).where(events.c.action_id == action_id)
-                             .order_by(events.c.event_id)))
+    rows = list(
+        conn.execute(
+            select(events).where(events.c.action_id == action_id).order_by(events.c.event_id)
+        )
+    )
     receipt = receipt_for_action(conn, action_id)
     if not rows and receipt is None:
         return None
-    evs = [{"event_id": r._mapping["event_id"], "ts": r._mapping["ts"], "type": r._mapping["type"],
-            "effect_key": r._mapping["effect_key"], "approval_id": r._mapping["approval_id"],
-            "data": json.loads(r._mapping["data_json"])} for r in rows]
-    key = receipt.document["effect_key"] if receipt else next(
-        (e["effect_key"] for e in evs if e["effect_key"]), None)
+    evs = [
+        {
+            "event_id": r._mapping["event_id"],
+            "ts": r._mapping["ts"],
+            "type": r._mapping["type"],
+            "effect_key": r._mapping["effect_key"],
+            "approval_id": r._mapping["approval_id"],
+            "data": json.loads(r._mapping["data_json"]),
+        }
+        for r in rows
+    ]
+    key = (
+        receipt.document["effect_key"]
+        if receipt
+        else next((e["effect_key"] for e in evs if e["effect_key"]), None)
+    )
     effect = ledger.get_effect_row(conn, key) if key else None
     approval_ids = sorted({e["approval_id"] for e in evs if e["approval_id"]})
     approvals = [ledger.approval_row(conn, a) for a in approval_ids]
@@ -122,8 +161,11 @@ def inspection(conn: Connection, action_id: str) -> dict[str, Any] | None:
 def stats(conn: Connection) -> dict[str, Any]:
     by_result: Counter[str] = Counter()
     by_action: Counter[str] = Counter()
-    rows = conn.execute(select(receipts.c.result, receipts.c.action, func.count())
-                        .group_by(receipts.c.result, receipts.c.action))
+    rows = conn.execute(
+        select(receipts.c.result, receipts.c.action, func.count()).group_by(
+            receipts.c.result, receipts.c.action
+        )
+    )
     for result, action, n in rows:
         by_result[result] += n
         if action is not None:
