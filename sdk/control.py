@@ -10,32 +10,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sqlalchemy import Connection
-
 from . import ledger
 from .action import Action, iso, parse_iso, utc_now
-from .approvals import DEFAULT_TTL, Approval, consume, request_approval
-from .context import attempt_token, idempotency_token_for
+from .approvals import DEFAULT_TTL, request_approval
+from .attempt import Attempt, attempt_receipt, describe
+from .context import attempt_token
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
     ApprovalTimeout,
-    CTRLRunError,
-    DuplicateEffect,
     EffectKeyError,
     InvalidArgument,
     NotExecuted,
 )
 from .events import EventType
-from .receipts import Receipt, write_receipt
+from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler
-from .states import EffectState, Refuse, Reserve, plan_reservation
+from .reservation import Gate, LostRace, reserve
+from .states import EffectState
 
 if TYPE_CHECKING:
     from .policy import Evaluation, Policy
@@ -45,48 +42,6 @@ log = logging.getLogger("ctrlrun")
 T = TypeVar("T")
 Outcome = Literal["committed", "failed", "ambiguous"]
 DEFAULT_LEASE = timedelta(minutes=5)
-
-
-@dataclass
-class Attempt:
-    """One attempt that passed the gates and may execute."""
-
-    action: Action
-    effect_key: str | None
-    attempt: int
-    decision: str
-    reason: str
-    policy_hash: str
-    started_at: datetime
-    approval: Approval | None = None
-    held: bool = False  # this attempt holds the effect key
-    would_have: dict[str, Any] | None = None  # observe mode: what enforcement would have done
-    reconciled: bool = False  # the one reconcile call of this attempt has been made
-
-    @property
-    def held_key(self) -> tuple[str, int] | None:
-        """(effect key, attempt) while this attempt holds its key."""
-        if self.effect_key is None or not self.held:
-            return None
-        return self.effect_key, self.attempt
-
-    @property
-    def token(self) -> str | None:
-        held = self.held_key
-        return None if held is None else idempotency_token_for(*held)
-
-
-class _LostRace(Exception):
-    """The reservation's conditional write found the key taken: roll back and plan again."""
-
-
-@dataclass
-class _Gate:
-    """What the reservation transaction decided, applied after it commits."""
-
-    refusal: CTRLRunError | None = None
-    reconcile: bool = False
-    receipt: Receipt | None = None
 
 
 class Control:
@@ -171,7 +126,7 @@ class Control:
                     effect_key=effect_key,
                     data={"reason": reason},
                 )
-                receipt = self._receipt(conn, attempt, "denied", None, now)
+                receipt = attempt_receipt(conn, attempt, "denied", None, now)
             log.info("%s denied (%s) receipt=%s", action.name, reason, receipt.receipt_id)
             denied = ActionDenied(
                 reason, f"{action.name} denied: {reason}", action_id=action.action_id
@@ -190,11 +145,11 @@ class Control:
         lease_for = lease or self.lease
         window = policy.window(action.name)
         for _ in range(3):  # a lazy reconcile or a lost insert race re-plans; bounded
-            gate = _Gate()
+            gate = Gate()
             try:
                 with self.store.transaction() as conn:
                     ledger.append_events(conn, proposed)
-                    self._reserve(
+                    reserve(
                         conn,
                         attempt,
                         gate,
@@ -205,8 +160,9 @@ class Control:
                         approval_id if decision == "approve" and not observe else None,
                         idempotency_key,
                         upstream,
+                        policy.mode == "observe",
                     )
-            except _LostRace:
+            except LostRace:
                 # Another sidecar took the key between our read and our write. Everything this
                 # transaction wrote (an approval consumed, events) is rolled back: plan again.
                 continue
@@ -223,198 +179,6 @@ class Control:
                 raise gate.refusal
             return attempt
         raise AmbiguousEffect(effect_key or "", "the effect record kept moving; try again later")
-
-    def _reserve(
-        self,
-        conn: Connection,
-        attempt: Attempt,
-        gate: _Gate,
-        now: datetime,
-        lease: timedelta,
-        window: timedelta | None,
-        reconcile: ReconcileHook | None,
-        approval_id: str | None,
-        idempotency_key: str | None,
-        upstream: str | None,
-    ) -> None:
-        action, key = attempt.action, attempt.effect_key
-        observe = attempt.would_have is not None or self.policy.mode == "observe"
-        # Most keys are new: try the insert first and read the record only if it exists.
-        if (
-            key is not None
-            and approval_id is None
-            and not observe
-            and self._insert_new(conn, attempt, key, now, lease, idempotency_key, upstream)
-        ):
-            return
-        if key is not None:
-            record = ledger.get_effect(conn, key)
-            plan = plan_reservation(record, now, window)
-            if isinstance(plan, Refuse):
-                assert record is not None
-                if plan.ambiguate:
-                    ledger.move_effect(
-                        conn,
-                        key,
-                        old=record.state,
-                        new=EffectState.AMBIGUOUS,
-                        action_id=record.action_id,
-                        attempt=record.attempt,
-                        values={
-                            "updated_at": iso(now),
-                            "lease_expires_at": None,
-                            "error": "lease expired before an outcome was recorded",
-                        },
-                    )
-                    ledger.append_event(
-                        conn,
-                        now,
-                        EventType.EXECUTION_AMBIGUOUS,
-                        action_id=record.action_id,
-                        effect_key=key,
-                        data={"error": "lease expired before an outcome was recorded"},
-                    )
-                if plan.kind == "ambiguous" and reconcile is not None and not attempt.reconciled:
-                    gate.reconcile = True
-                    return
-                if observe:
-                    attempt.would_have = attempt.would_have or {
-                        "decision": attempt.decision,
-                        "reason": attempt.reason,
-                        "blocked_reason": "duplicate" if plan.kind == "committed" else plan.kind,
-                    }
-                    ledger.append_event(
-                        conn,
-                        now,
-                        EventType.EXECUTION_STARTED,
-                        action_id=action.action_id,
-                        effect_key=key,
-                    )
-                    return
-                data: dict[str, Any] = {"reason": "ambiguous"}
-                if plan.kind != "ambiguous":
-                    data = {"reason": "duplicate", "state": plan.kind}
-                ledger.append_event(
-                    conn,
-                    now,
-                    EventType.EFFECT_RESERVATION_REFUSED,
-                    action_id=action.action_id,
-                    effect_key=key,
-                    data=data,
-                )
-                gate.receipt = self._receipt(
-                    conn, attempt, "blocked", None, now, error=f"refused: {plan.kind}"
-                )
-                if plan.kind == "ambiguous":
-                    gate.refusal = AmbiguousEffect(key, action_id=plan.holder)
-                else:
-                    gate.refusal = DuplicateEffect(plan.kind, key, action_id=plan.holder)
-                return
-        if approval_id is not None:
-            try:
-                attempt.approval = consume(conn, approval_id, action, now)
-            except (ApprovalMismatch, ActionDenied) as exc:
-                reason = getattr(exc, "reason", "mismatch")
-                ledger.append_event(
-                    conn,
-                    now,
-                    EventType.APPROVAL_INVALIDATED,
-                    action_id=action.action_id,
-                    approval_id=approval_id,
-                    effect_key=key,
-                    data={"reason": reason, "action_hash": action.hash},
-                )
-                result = "denied" if isinstance(exc, ActionDenied) else "blocked"
-                gate.receipt = self._receipt(
-                    conn, attempt, result, None, now, error=str(exc), approval_id=approval_id
-                )
-                gate.refusal = exc
-                return
-            ledger.append_event(
-                conn,
-                now,
-                EventType.APPROVAL_CONSUMED,
-                action_id=action.action_id,
-                approval_id=approval_id,
-                data={"approver": attempt.approval.approver},
-            )
-        if key is not None:
-            assert isinstance(plan, Reserve)
-            values = _effect_values(action, plan.attempt, now, lease, idempotency_key, upstream)
-            # Reserved and executing in one transaction: nobody can see the key in between.
-            if plan.previous is EffectState.NEW:
-                won = ledger.insert_effect(
-                    conn,
-                    {
-                        **values,
-                        "effect_key": key,
-                        "state": EffectState.EXECUTING.value,
-                        "created_at": iso(now),
-                    },
-                )
-            else:
-                assert record is not None
-                won = ledger.move_effect(
-                    conn,
-                    key,
-                    old=record.state,
-                    new=EffectState.RESERVED,
-                    action_id=record.action_id,
-                    attempt=record.attempt,
-                    values={**values, "committed_at": None},
-                )
-                if won:
-                    ledger.move_effect(
-                        conn,
-                        key,
-                        old=EffectState.RESERVED,
-                        new=EffectState.EXECUTING,
-                        action_id=action.action_id,
-                        attempt=plan.attempt,
-                        values={},
-                    )
-            if not won:
-                raise _LostRace
-            self._held(conn, attempt, key, plan.attempt, now, lease)
-        else:
-            ledger.append_event(conn, now, EventType.EXECUTION_STARTED, action_id=action.action_id)
-
-    def _insert_new(
-        self,
-        conn: Connection,
-        attempt: Attempt,
-        key: str,
-        now: datetime,
-        lease: timedelta,
-        idempotency_key: str | None,
-        upstream: str | None,
-    ) -> bool:
-        values = _effect_values(attempt.action, 1, now, lease, idempotency_key, upstream)
-        values.update(effect_key=key, state=EffectState.EXECUTING.value, created_at=iso(now))
-        if not ledger.insert_effect(conn, values):
-            return False
-        self._held(conn, attempt, key, 1, now, lease)
-        return True
-
-    @staticmethod
-    def _held(
-        conn: Connection, attempt: Attempt, key: str, number: int, now: datetime, lease: timedelta
-    ) -> None:
-        attempt.attempt, attempt.held = number, True
-        action_id = attempt.action.action_id
-        ledger.append_events(
-            conn,
-            [
-                ledger.event_row(
-                    now,
-                    EventType.EFFECT_RESERVED,
-                    action_id,
-                    key,
-                    data={"attempt": number, "lease_expires_at": iso(now + lease)},
-                ),
-                ledger.event_row(now, EventType.EXECUTION_STARTED, action_id, key),
-            ],
-        )
 
     # -- after execution ---------------------------------------------------------------------
 
@@ -455,7 +219,7 @@ class Control:
                 conn, now, event, action_id=action.action_id, effect_key=key, data=data
             )
             observed = attempt.would_have is not None or self.policy.mode == "observe"
-            receipt = self._receipt(
+            receipt = attempt_receipt(
                 conn,
                 attempt,
                 "observed" if observed else outcome,
@@ -524,7 +288,7 @@ class Control:
                 action_id=action.action_id,
                 data={"reason": "effect_key_error", "error": str(exc)},
             )
-            return self._receipt(conn, attempt, "denied", None, now, error=str(exc))
+            return attempt_receipt(conn, attempt, "denied", None, now, error=str(exc))
 
     def record_unprotected(
         self, action: Action, outcome: str, *, reason: str, error: str | None = None
@@ -540,7 +304,7 @@ class Control:
                 action_id=action.action_id,
                 data={"action_hash": action.hash, "unprotected": True},
             )
-            return self._receipt(conn, attempt, outcome, None, now, error=error)
+            return attempt_receipt(conn, attempt, outcome, None, now, error=error)
 
     def wait_for_approval(self, request_id: str, timeout: timedelta | None = None) -> None:
         """Block until a human answers ``request_id`` (polling the ledger every 0.5 s)."""
@@ -558,72 +322,3 @@ class Control:
 
     def resolve(self, effect_key: str, state: str, *, resolved_by: str = "cli:local") -> None:
         self.reconciler.resolve(effect_key, state, resolved_by=resolved_by)
-
-    def _receipt(
-        self,
-        conn: Connection,
-        attempt: Attempt,
-        result: str,
-        execution: str | None,
-        now: datetime,
-        *,
-        error: str | None = None,
-        approval_id: str | None = None,
-        event_pos: int | None = None,
-    ) -> Receipt:
-        action = attempt.action
-        fields: dict[str, Any] = {
-            "action_id": action.action_id,
-            "action": action.name,
-            "action_hash": action.hash,
-            "arguments": action.arguments,
-            "principal": action.principal.to_dict(),
-            "resource": action.resource,
-            "environment": action.environment,
-            "decision": attempt.decision,
-            "decision_reason": attempt.reason,
-            "approval_id": attempt.approval.approval_id if attempt.approval else approval_id,
-            "approver": attempt.approval.approver if attempt.approval else None,
-            "effect_key": attempt.effect_key,
-            "attempt": attempt.attempt or None,
-            "result": result,
-            "error": error,
-            "policy_hash": attempt.policy_hash,
-            "started_at": iso(attempt.started_at),
-            "finished_at": iso(now),
-        }
-        if result == "observed":
-            fields["execution"] = execution
-            fields["would_have"] = attempt.would_have
-        return write_receipt(conn, fields, event_pos=event_pos)
-
-
-def _effect_values(
-    action: Action,
-    number: int,
-    now: datetime,
-    lease: timedelta,
-    idempotency_key: str | None,
-    upstream: str | None,
-) -> dict[str, Any]:
-    return {
-        "action_id": action.action_id,
-        "attempt": number,
-        "lease_expires_at": iso(now + lease),
-        "action_name": action.name,
-        "action_json": action.canonical.decode("utf-8"),
-        "idempotency_key": idempotency_key,
-        "upstream": upstream,
-        "updated_at": iso(now),
-        "attempt_started_at": iso(now),
-        "result_json": None,
-        "error": None,
-        "resolved_by": None,
-        "committed_at": None,
-    }
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line, for records and logs."""
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -1,0 +1,88 @@
+"""One attempt at an action: what passed the gates, and the receipt that records it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .action import Action, iso
+from .approvals import Approval
+from .context import idempotency_token_for
+from .receipts import Receipt, write_receipt
+
+
+@dataclass
+class Attempt:
+    """One attempt that passed the gates and may execute."""
+
+    action: Action
+    effect_key: str | None
+    attempt: int
+    decision: str
+    reason: str
+    policy_hash: str
+    started_at: datetime
+    approval: Approval | None = None
+    held: bool = False  # this attempt holds the effect key
+    would_have: dict[str, Any] | None = None  # observe mode: what enforcement would have done
+    reconciled: bool = False  # the one reconcile call of this attempt has been made
+
+    @property
+    def held_key(self) -> tuple[str, int] | None:
+        """(effect key, attempt) while this attempt holds its key."""
+        if self.effect_key is None or not self.held:
+            return None
+        return self.effect_key, self.attempt
+
+    @property
+    def token(self) -> str | None:
+        held = self.held_key
+        return None if held is None else idempotency_token_for(*held)
+
+
+def attempt_receipt(
+    conn: Connection,
+    attempt: Attempt,
+    result: str,
+    execution: str | None,
+    now: datetime,
+    *,
+    error: str | None = None,
+    approval_id: str | None = None,
+    event_pos: int | None = None,
+) -> Receipt:
+    """Write the receipt of ``attempt`` (in the caller's transaction)."""
+    action = attempt.action
+    fields: dict[str, Any] = {
+        "action_id": action.action_id,
+        "action": action.name,
+        "action_hash": action.hash,
+        "arguments": action.arguments,
+        "principal": action.principal.to_dict(),
+        "resource": action.resource,
+        "environment": action.environment,
+        "decision": attempt.decision,
+        "decision_reason": attempt.reason,
+        "approval_id": attempt.approval.approval_id if attempt.approval else approval_id,
+        "approver": attempt.approval.approver if attempt.approval else None,
+        "effect_key": attempt.effect_key,
+        "attempt": attempt.attempt or None,
+        "result": result,
+        "error": error,
+        "policy_hash": attempt.policy_hash,
+        "started_at": iso(attempt.started_at),
+        "finished_at": iso(now),
+    }
+    if result == "observed":
+        fields["execution"] = execution
+        fields["would_have"] = attempt.would_have
+    return write_receipt(conn, fields, event_pos=event_pos)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` on one line, for records and logs."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
