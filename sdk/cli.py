@@ -356,4 +356,8 @@ def stats(as_json: bool, store_url: str | None) -> None:
 from . import cli_sidecar  # noqa: E402,F401  (registers them on main)
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # Run as ``python -m ctrlrun.cli``: use the imported module, on which every command is
+    # registered (this file is then loaded twice, as __main__ and as ctrlrun.cli).
+    from ctrlrun.cli import main as registered
+
+    registered()
