@@ -8,6 +8,7 @@ calls run in worker threads so one slow request never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -289,36 +290,36 @@ class Guard:
                     receipt=receipt.receipt_id,
                 )
         except BaseException as exc:
-            if finished and isinstance(exc, Exception):
-                # The request went upstream and was answered; only recording failed (the
-                # ledger went away). The record stays executing under its lease, so a retry is
-                # held; "nothing was forwarded" would be false here.
-                log.error("outcome of %s %s not recorded: %s", action.name, key, exc)
-                result = refuse(
-                    "upstream_ambiguous",
-                    "outcome_not_recorded",
-                    f"the request was sent and the remote answered "
-                    f"{reply.status or reply.error}, but the ledger could not record "
-                    f"it ({type(exc).__name__})",
-                    action=action.name,
-                    key=key,
-                )
-                return result
-            result = refuse(
-                "unavailable",
-                "internal_error",
-                f"internal error: {type(exc).__name__}",
-                action=action.name,
-                key=key,
-            )
             if not finished:
-                # We cannot know whether the request left: the record must say so.
-                await asyncio.shield(
-                    asyncio.to_thread(
-                        ctl.finish, attempt, "ambiguous", error=f"proxy error: {type(exc).__name__}"
+                # The request may have left: the record must say nobody knows.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(
+                        asyncio.to_thread(
+                            ctl.finish,
+                            attempt,
+                            "ambiguous",
+                            error=f"proxy error: {type(exc).__name__}",
+                        )
                     )
+            if not isinstance(exc, Exception):
+                raise
+            log.error("%s %s: %s after forwarding began", action.name, key, type(exc).__name__)
+            if finished:
+                # Sent and answered; only recording failed (the ledger went away). The record
+                # stays executing under its lease, so a retry is held.
+                what = (
+                    f"the request was sent and the remote answered {reply.status or reply.error}, "
+                    f"but the ledger could not record it ({type(exc).__name__})"
                 )
-            raise
+                reason = "outcome_not_recorded"
+            else:
+                what = (
+                    f"the proxy failed while forwarding ({type(exc).__name__}); "
+                    "the request may have reached the remote"
+                )
+                reason = "internal_error"
+            result = refuse("upstream_ambiguous", reason, what, action=action.name, key=key)
+            return result
         finally:
             if flight is not None:
                 if not flight.done.done():

@@ -194,6 +194,9 @@ class PostgresStateStore(StateStore):
             raise InvalidArgument(f"not a PostgreSQL URL: {parsed.drivername}://…")
         engine = create_engine(
             parsed,
+            # A server restart leaves dead pooled connections; one round trip per checkout
+            # beats refusing (or, after forwarding, failing to record) the next request.
+            pool_pre_ping=True,
             pool_recycle=300,
             pool_size=10,
             max_overflow=20,

@@ -305,7 +305,9 @@ def test_a_forwarder_that_raises_refuses_and_records_ambiguous(control: Control)
 
     flow = cycle(lambda: control, forwarder)
 
-    assert_refused_unavailable(flow)
+    # Not "nothing was forwarded": it may have left, so the agent is told not to retry blindly.
+    assert flow.response is not None and flow.response.status_code == 504
+    assert flow.response.headers["X-Ctrlrun-Outcome"] == "upstream_ambiguous"
     assert forwarder.calls == [("PATCH", SCALE)]
     # It may have left: the record says nobody knows, and a retry is refused until reconciled.
     assert effect_state(control, KEY) == "ambiguous"
