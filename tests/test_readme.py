@@ -45,8 +45,12 @@ def test_the_two_commands_come_first() -> None:
 
 
 def test_reconciler_example_runs() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "reconcile_with_fakes.py")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "reconcile_with_fakes.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "refunds at Stripe: 1" in result.stdout
 
@@ -60,11 +64,23 @@ def test_readme_install_and_demo_work_on_a_fresh_clone(tmp_path: Path) -> None:
         pytest.skip("not a git checkout")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH") and not k.lower().endswith("_proxy")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if ".venv" not in p and "/work/venv" not in p)
-    result = subprocess.run(["bash", "-c", bash_blocks()[0].strip()], cwd=clone, env=env,
-                            capture_output=True, text=True, timeout=850)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH") and not k.lower().endswith("_proxy")
+    }
+    env["PATH"] = os.pathsep.join(
+        p
+        for p in env.get("PATH", "").split(os.pathsep)
+        if ".venv" not in p and "/work/venv" not in p
+    )
+    result = subprocess.run(
+        ["bash", "-c", bash_blocks()[0].strip()],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Read the receipts: ctrlrun receipts" in result.stdout

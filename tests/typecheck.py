@@ -33,8 +33,18 @@ def mirror(into: Path) -> Path:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tree = mirror(Path(tmp))
-        cmd = [sys.executable, "-m", "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"),
-               "--exclude", "migrations/", "-p", "ctrlrun"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--exclude",
+            "migrations/",
+            "-p",
+            "ctrlrun",
+        ]
         env = {**os.environ, "MYPYPATH": str(tree)}
         return subprocess.call(cmd, cwd=tree, env=env)
 

@@ -48,10 +48,18 @@ def run_check(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
                 arg = str(tmp_path / arg.lstrip("/"))
         mapped.append(arg)
     assert mapped[:2] == ["ctrlrun", "proxy"], mapped
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           "CTRLRUN_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
-    return subprocess.run([sys.executable, "-m", "ctrlrun.cli", *mapped[1:], "--check"],
-                          capture_output=True, text=True, timeout=60, env=env)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "CTRLRUN_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ctrlrun.cli", *mapped[1:], "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def _any_ca() -> str:
@@ -106,7 +114,9 @@ def test_sidecar_manifest_wires_proxy_ca_policy_store_and_probes() -> None:
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert sidecar["resources"]["limits"] and agent["resources"]["limits"]
     store = next(e for e in sidecar["env"] if e["name"] == "CTRLRUN_STORE_URL")
-    assert store["valueFrom"]["secretKeyRef"]["name"] in {k.split("/")[1] for k in objs if k.startswith("Secret/")}
+    assert store["valueFrom"]["secretKeyRef"]["name"] in {
+        k.split("/")[1] for k in objs if k.startswith("Secret/")
+    }
     assert "ConfigMap/ctrlrun-policy" in objs and "NetworkPolicy/refund-agent-egress" in objs
 
 
@@ -134,10 +144,14 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = unit.replace("/usr/local/bin/ctrlrun", ctrlrun)
     path = tmp_path / "ctrlrun-proxy.service"
     path.write_text(unit)
-    result = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
-                            text=True, timeout=60)
-    errors = [line for line in (result.stdout + result.stderr).splitlines()
-              if "ctrlrun-proxy.service" in line and "Failed" in line]
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+    )
+    errors = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if "ctrlrun-proxy.service" in line and "Failed" in line
+    ]
     assert not errors, result.stderr
     for arg in shlex.split(unit.split("ExecStart=")[1].splitlines()[0])[1:3]:
         assert arg in ("proxy", "--policy")

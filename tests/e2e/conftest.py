@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from harness import Sidecar, start_sidecar
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 
 @pytest.fixture

@@ -57,9 +57,14 @@ class Sidecar:
             store.close()
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ctrlrun.cli", *args],
-                              capture_output=True, text=True, timeout=timeout, cwd=self.workdir,
-                              env=clean_env())
+        return subprocess.run(
+            [sys.executable, "-m", "ctrlrun.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.workdir,
+            env=clean_env(),
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
@@ -120,10 +125,19 @@ upstreams:
 """
 
 
-def start_sidecar(workdir: Path, stripe: FakeStripe, kube: FakeKubernetes, *,
-                  policy_text: str | None = None, timeout: int = 5, reconcile: str = "eager",
-                  extra_args: tuple[str, ...] = (), admin: bool = False,
-                  env: dict[str, str] | None = None, store_url: str | None = None) -> Sidecar:
+def start_sidecar(
+    workdir: Path,
+    stripe: FakeStripe,
+    kube: FakeKubernetes,
+    *,
+    policy_text: str | None = None,
+    timeout: int = 5,
+    reconcile: str = "eager",
+    extra_args: tuple[str, ...] = (),
+    admin: bool = False,
+    env: dict[str, str] | None = None,
+    store_url: str | None = None,
+) -> Sidecar:
     """Write a policy naming the fakes and start ``ctrlrun proxy`` on free loopback ports.
 
     The ledger is ``workdir/state.db`` unless ``store_url`` names another (e.g. PostgreSQL;
@@ -133,19 +147,47 @@ def start_sidecar(workdir: Path, stripe: FakeStripe, kube: FakeKubernetes, *,
     sp, kp = free_port(), free_port()
     policy = workdir / "ctrlrun.yaml"
     text = policy_text or POLICY
-    policy.write_text(text.format(stripe=stripe.url, kube=kube.url, stripe_port=sp, kube_port=kp,
-                                  timeout=timeout, reconcile=reconcile))
-    sc = Sidecar(workdir, policy, store_url or f"sqlite:///{workdir / 'state.db'}",
-                 stripe_base=f"http://127.0.0.1:{sp}", kube_base=f"http://127.0.0.1:{kp}",
-                 log=workdir / "proxy.log")
-    args = [sys.executable, "-m", "ctrlrun.cli", "proxy", "--policy", str(policy), "--listen",
-            "127.0.0.1:0", "--store-url", sc.store_url, "--principal", "e2e-agent",
-            "--confdir", str(workdir / "mitm"), *extra_args]
+    policy.write_text(
+        text.format(
+            stripe=stripe.url,
+            kube=kube.url,
+            stripe_port=sp,
+            kube_port=kp,
+            timeout=timeout,
+            reconcile=reconcile,
+        )
+    )
+    sc = Sidecar(
+        workdir,
+        policy,
+        store_url or f"sqlite:///{workdir / 'state.db'}",
+        stripe_base=f"http://127.0.0.1:{sp}",
+        kube_base=f"http://127.0.0.1:{kp}",
+        log=workdir / "proxy.log",
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "ctrlrun.cli",
+        "proxy",
+        "--policy",
+        str(policy),
+        "--listen",
+        "127.0.0.1:0",
+        "--store-url",
+        sc.store_url,
+        "--principal",
+        "e2e-agent",
+        "--confdir",
+        str(workdir / "mitm"),
+        *extra_args,
+    ]
     if admin:
         args += ["--admin", f"127.0.0.1:{free_port()}"]
     with sc.log.open("w") as log:
-        sc.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   env=env or clean_env(), cwd=workdir)
+        sc.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=log, text=True, env=env or clean_env(), cwd=workdir
+        )
     assert sc.proc.stdout is not None
     deadline = time.monotonic() + 30
     line = ""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import stripe
 from harness import STRIPE_KEY, Sidecar
+
 from ctrlrun import ledger
 from ctrlrun.receipts import load_receipts
 from ctrlrun.states import EffectRecord

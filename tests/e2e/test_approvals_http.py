@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import pytest
 import stripe
 from harness import Sidecar, start_sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import (
     ctrlrun_block,
     effect,
@@ -18,6 +17,8 @@ from stripe_support import (
     refused,
     stripe_client,
 )
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 BIG = 150_000  # over the harness policy's 100000: stripe.refund needs approval

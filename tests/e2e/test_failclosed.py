@@ -20,6 +20,9 @@ from typing import Any
 import httpx
 import pytest
 from harness import KUBE_TOKEN, STRIPE_KEY, start_sidecar
+from mitmproxy import http
+from mitmproxy.test import taddons, tflow, tutils
+
 from ctrlrun import ledger
 from ctrlrun.control import Control
 from ctrlrun.errors import StoreError
@@ -32,8 +35,6 @@ from ctrlrun.proxy.guard import Guard
 from ctrlrun.proxy.principal import Principals
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.upstreams import Upstream
-from mitmproxy import http
-from mitmproxy.test import taddons, tflow, tutils
 
 pytestmark = pytest.mark.timeout(90)
 

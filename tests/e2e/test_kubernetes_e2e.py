@@ -8,8 +8,9 @@ from typing import Any
 import kubernetes.client
 import pytest
 from harness import KUBE_TOKEN, Sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from kubernetes.client.rest import ApiException
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import httpx
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from harness import KUBE_TOKEN, start_sidecar
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 
 def test_json_logs_one_object_per_line_with_each_decision(

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from prometheus_client.parser import text_string_to_metric_families
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 import pytest
 from harness import KUBE_TOKEN, Sidecar, start_sidecar
+from sqlalchemy import update
+
 from ctrlrun.action import iso, utc_now
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.schema import effects
-from sqlalchemy import update
 
 pytestmark = pytest.mark.timeout(90)
 

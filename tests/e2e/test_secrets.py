@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import CLIENT_TIMEOUT, outcome, refund, refused, stripe_client
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(180)
 AGENT = "refund-agent"

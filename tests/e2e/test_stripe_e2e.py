@@ -12,7 +12,6 @@ import httpx
 import pytest
 import stripe
 from harness import POLICY, STRIPE_KEY, Sidecar, free_port, start_sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import (
     CLIENT_TIMEOUT,
     ctrlrun_block,
@@ -26,6 +25,8 @@ from stripe_support import (
     stripe_client,
     timeline,
 )
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import stripe
 from harness import POLICY, Sidecar, start_sidecar
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from stripe_support import effect, outcome, receipts_for, refund, refused, stripe_client
+
+from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 ANCHOR = "    api_key_env: STRIPE_E2E_KEY\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ctrlrun.proxy.classify import Outcome, Transport, classify
 
 C, F, A = Outcome.COMMITTED, Outcome.FAILED, Outcome.AMBIGUOUS

@@ -11,7 +11,11 @@ def test_demo_exits_zero_and_names_each_outcome(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-m", "ctrlrun.cli", "demo", "--dir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
     )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
@@ -30,8 +34,17 @@ def test_demo_exits_zero_and_names_each_outcome(tmp_path: Path) -> None:
     ]:
         assert expected in out, expected
     receipts = subprocess.run(
-        [sys.executable, "-m", "ctrlrun.cli", "receipts", "--verify-chain", "--store-url",
-         f"sqlite:///{tmp_path / 'demo' / 'state.db'}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "ctrlrun.cli",
+            "receipts",
+            "--verify-chain",
+            "--store-url",
+            f"sqlite:///{tmp_path / 'demo' / 'state.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert receipts.returncode == 0 and "chain intact" in receipts.stdout

@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from ctrlrun.proxy.fakes import FakeKubernetes
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+
+from ctrlrun.proxy.fakes import FakeKubernetes
 
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments/checkout"
 SCALE = DEPLOY + "/scale"

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import stripe
+
 from ctrlrun.proxy.fakes import FakeStripe
 
 KEY = "sk_test_fake123"

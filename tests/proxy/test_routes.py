@@ -7,6 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ctrlrun.proxy.routes import (
     MAX_BODY,
     Invalid,
@@ -17,8 +20,6 @@ from ctrlrun.proxy.routes import (
     map_request,
 )
 from ctrlrun.upstreams import Route, Upstream
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 STRIPE = Upstream(
     name="stripe",

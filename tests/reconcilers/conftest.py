@@ -6,6 +6,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 
 

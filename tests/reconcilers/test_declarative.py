@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.proxy.fakes import FakeServer
 from ctrlrun.proxy.fakes.wire import Request, Response

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ctrlrun
 import httpx
 import pytest
+
+import ctrlrun
 from ctrlrun import Control, DuplicateEffect, InvalidArgument, Policy, SQLiteStateStore
 from ctrlrun.ledger import get_effect
 from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe

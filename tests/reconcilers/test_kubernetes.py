@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from ctrlrun.proxy.fakes import FakeKubernetes
 from ctrlrun.reconcilers import EffectFacts, KubernetesReconciler
 from ctrlrun.upstreams import Upstream

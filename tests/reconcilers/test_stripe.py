@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.proxy.fakes import FakeStripe
 from ctrlrun.reconcilers import EffectFacts, StripeReconciler
@@ -334,6 +335,13 @@ def test_nothing_found_too_early_is_unknown_not_not_executed(stripe_fake: FakeSt
 
 
 def test_proxy_reconciler_waits_at_least_the_upstream_deadline() -> None:
-    up = Upstream(name="s", profile="stripe", url="http://127.0.0.1:1", scheme="http",
-                  host="127.0.0.1", port=1, timeout=90.0)
+    up = Upstream(
+        name="s",
+        profile="stripe",
+        url="http://127.0.0.1:1",
+        scheme="http",
+        host="127.0.0.1",
+        port=1,
+        timeout=90.0,
+    )
     assert StripeReconciler.for_upstream(up).settle_after == 90.0

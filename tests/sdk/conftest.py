@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctrlrun import Control, Policy, SQLiteStateStore
 from sdk_support import PG_ADMIN, POLICY, Clock, postgres_reachable
+
+from ctrlrun import Control, Policy, SQLiteStateStore
 
 
 @pytest.fixture

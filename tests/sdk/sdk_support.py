@@ -12,9 +12,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 from ctrlrun import SQLiteStateStore
 from ctrlrun.action import utc_now
-from sqlalchemy import text
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -143,6 +144,7 @@ def run_parallel(code: str, args: Sequence[Sequence[str]], *, timeout: float = 6
 def invoke(args: Sequence[str], cwd: Path, *, env: dict[str, str] | None = None) -> Ran:
     """``run_cli`` in-process (click's runner): the same checks, a fraction of the time."""
     from click.testing import CliRunner
+
     from ctrlrun.cli import main
 
     full_env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CTRLRUN_")}

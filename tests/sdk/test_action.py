@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+
 from ctrlrun import Action, InvalidArgument, Principal, action_hash, canonicalize
 from ctrlrun.action import canonical_bytes, iso, new_id, parse_iso
 

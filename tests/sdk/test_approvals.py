@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_support import Clock, events, receipts, run_cli
+
 from ctrlrun import (
     ActionDenied,
     ApprovalMismatch,
@@ -25,7 +27,6 @@ from ctrlrun import (
 from ctrlrun import ledger as L
 from ctrlrun.action import utc_now
 from ctrlrun.approvals import answer, check_consumable
-from sdk_support import Clock, events, receipts, run_cli
 
 APPROVE_POLICY = """\
 schema: ctrlrun.policy/v2

@@ -9,6 +9,8 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from sdk_support import invoke, run_cli
+
 from ctrlrun import (
     ActionDenied,
     ApprovalRequired,
@@ -20,7 +22,6 @@ from ctrlrun import (
     protect,
 )
 from ctrlrun.cli import main
-from sdk_support import invoke, run_cli
 
 KERNEL_COMMANDS = [
     "approvals",

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from ctrlrun import EffectState
 from ctrlrun import ledger as L
 from ctrlrun.store import open_store

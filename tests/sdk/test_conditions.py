@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from ctrlrun.conditions import Condition, Op, parse_condition, parse_conditions, strict_equal
 from ctrlrun.errors import PolicyError
 from ctrlrun.yamlstrict import Where, load

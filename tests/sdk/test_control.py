@@ -7,6 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from sdk_support import Clock, events, receipts
+
 from ctrlrun import (
     Action,
     ActionDenied,
@@ -22,7 +24,6 @@ from ctrlrun import (
 )
 from ctrlrun import ledger as L
 from ctrlrun.reconcile import NotAmbiguous
-from sdk_support import Clock, events, receipts
 
 BOT = Principal("bot", "alice")
 

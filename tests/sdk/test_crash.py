@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from sdk_support import events, receipts, run_cli
+
 from ctrlrun import (
     AmbiguousEffect,
     Control,
@@ -20,7 +22,6 @@ from ctrlrun import (
     protect,
 )
 from ctrlrun import ledger as L
-from sdk_support import events, receipts, run_cli
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ctrlrun.action import canonical_bytes, sha256
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Decision, Evaluation, Policy
 from ctrlrun.upstreams import ProxyConfig
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 POLICY = """\
 schema: ctrlrun.policy/v2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Policy
 from ctrlrun.policy_upstreams import parse_listen, parse_url

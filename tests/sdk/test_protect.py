@@ -7,9 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+from sdk_support import POLICY, events, receipts
+
 import ctrlrun
 import ctrlrun.config
-import pytest
 from ctrlrun import (
     ActionDenied,
     Control,
@@ -22,7 +24,6 @@ from ctrlrun import (
     protect,
 )
 from ctrlrun.context import idempotency_token_for
-from sdk_support import POLICY, events, receipts
 
 
 def test_returns_the_value_and_runs_once(control: Control, store: SQLiteStateStore) -> None:

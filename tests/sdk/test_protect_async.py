@@ -6,6 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from sdk_support import receipts
+
 from ctrlrun import (
     ActionDenied,
     AmbiguousEffect,
@@ -19,7 +21,6 @@ from ctrlrun import (
     protect,
 )
 from ctrlrun import ledger as L
-from sdk_support import receipts
 
 
 def state_of(store: SQLiteStateStore, key: str) -> EffectState | None:

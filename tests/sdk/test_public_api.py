@@ -7,8 +7,9 @@ import json
 import subprocess
 import sys
 
-import ctrlrun
 import pytest
+
+import ctrlrun
 
 PINNED = [
     "Action",

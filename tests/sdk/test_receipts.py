@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sdk_support import invoke, receipts, run_cli
+
 from ctrlrun import ActionDenied, Control, NotExecuted, SQLiteStateStore, context, protect
 from ctrlrun.receipts import receipt_hash, verify_chain
 from ctrlrun.schema import GENESIS_HASH
-from sdk_support import invoke, receipts, run_cli
 
 FIELDS = {
     "schema",

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sdk_support import Clock, events
+
 from ctrlrun import (
     Action,
     AmbiguousEffect,
@@ -26,7 +28,6 @@ from ctrlrun.states import (
     check_transition,
     plan_reservation,
 )
-from sdk_support import Clock, events
 
 S = EffectState
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

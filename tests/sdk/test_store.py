@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+from sdk_support import run_parallel
+from sqlalchemy import text
+
 from ctrlrun import InvalidArgument, SchemaMismatch, SQLiteStateStore
 from ctrlrun import ledger as L
 from ctrlrun.errors import StoreError
 from ctrlrun.store import HEAD_REVISION, PostgresStateStore, open_store
-from sdk_support import run_parallel
-from sqlalchemy import text
 
 TABLES = {"alembic_version", "approvals", "effects", "events", "receipt_chain", "receipts"}
 
@@ -155,6 +156,8 @@ def test_fresh_postgres_opened_by_six_processes(pg_url: str) -> None:
 
 def test_postgres_lifecycle(pg_url: str) -> None:
     """The pipeline end to end on PostgreSQL: the same decisions as on SQLite."""
+    from sdk_support import POLICY
+
     from ctrlrun import (
         Action,
         AmbiguousEffect,
@@ -168,7 +171,6 @@ def test_postgres_lifecycle(pg_url: str) -> None:
     )
     from ctrlrun.approvals import answer
     from ctrlrun.receipts import verify_chain
-    from sdk_support import POLICY
 
     store = open_store(pg_url)
     control = Control(Policy.from_yaml(POLICY), store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from ctrlrun import EffectKeyError
 from ctrlrun.templates import TemplateSyntaxError, parse_template
 
