@@ -16,6 +16,7 @@ from ctrlrun.upstreams import Upstream
 from .answers import answer
 from .guard import Guard
 from .principal import Principals
+from .route_values import READ_METHODS
 from .routes import Request
 
 log = logging.getLogger("ctrlrun.proxy")
@@ -59,8 +60,8 @@ class CtrlrunAddon:
         upstream = None
         try:
             upstream = self.upstream_for(flow)
-            if upstream is None:
-                return
+            if upstream is None or flow.request.method.upper() in READ_METHODS:
+                return  # not ours, or a read: reads always pass through
             req = flow.request
             raw = req.raw_content if req.raw_content is not None else b""
             headers = list(req.headers.items(multi=True))
