@@ -420,11 +420,19 @@ class Guard:
             None,
             ctl.environment,
         )
-        await asyncio.to_thread(
-            ctl.record_unprotected,
-            action,
-            outcome.value,
-            reason="unmapped_writes: allow",
-            error=reply.error,
-        )
+        try:
+            await asyncio.to_thread(
+                ctl.record_unprotected,
+                action,
+                outcome.value,
+                reason="unmapped_writes: allow",
+                error=reply.error,
+            )
+        except CTRLRunError as exc:
+            # It has been forwarded (the policy allows unmapped writes): the agent gets the
+            # remote's answer, and the missing receipt is said loudly.
+            self.metrics.store_errors.inc()
+            log.error(
+                "receipt of unmapped %s %s not written: %s", request.method, request.path, exc
+            )
         return reply
