@@ -74,6 +74,8 @@ class StateStore:
             with self.engine.connect() as conn:
                 if self.dialect == "sqlite":
                     conn.exec_driver_sql("BEGIN")
+                else:
+                    conn.begin()
                 try:
                     yield conn
                 finally:
@@ -94,8 +96,13 @@ class StateStore:
     # -- opening ---------------------------------------------------------------------------
 
     def _begin(self, conn: Connection) -> None:
+        # The transaction must be SQLAlchemy's from the start: the hot statements run on the
+        # driver connection (ledger._run), and a transaction SQLAlchemy never saw begin would
+        # not be committed by it.
         if self.dialect == "sqlite":
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # also SQLAlchemy's autobegin
+        else:
+            conn.begin()
 
     def _open(self, create: bool) -> None:
         try:
