@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, text
+
+from .events import TIMELINE_EVENTS
 
 metadata = MetaData()
 
@@ -44,6 +46,10 @@ events = Table(
 )
 Index("events_by_action", events.c.action_id)
 Index("events_by_type", events.c.type, events.c.event_id)
+# The events shown between receipts. Queries must use this very condition for the planner to
+# see that the partial index (migration 0003) covers them.
+TIMELINE = text("type IN (" + ", ".join(f"'{t.value}'" for t in TIMELINE_EVENTS) + ")")
+Index("events_timeline", events.c.event_id, postgresql_where=TIMELINE, sqlite_where=TIMELINE)
 
 receipts = Table(
     "receipts",

@@ -25,8 +25,8 @@ from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreErr
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0002"
-KNOWN_REVISIONS = ("0001", "0002")
+HEAD_REVISION = "0003"
+KNOWN_REVISIONS = ("0001", "0002", "0003")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 

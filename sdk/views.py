@@ -10,9 +10,8 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from . import ledger
-from .events import TIMELINE_EVENTS
 from .receipts import Receipt, receipt_for_action
-from .schema import events, receipts
+from .schema import TIMELINE, events, receipts
 from .states import EffectRecord, EffectState
 
 
@@ -32,7 +31,7 @@ def timeline(conn: Connection, last: int | None = None) -> list[Receipt | Timeli
     """Receipts and the events that moved records, in the order they were written."""
     r_stmt = select(receipts.c.json, receipts.c.hash, receipts.c.event_pos, receipts.c.seq)
     r_stmt = r_stmt.order_by(receipts.c.seq.desc())
-    e_stmt = select(events).where(events.c.type.in_([t.value for t in TIMELINE_EVENTS]))
+    e_stmt = select(events).where(TIMELINE)
     e_stmt = e_stmt.order_by(events.c.event_id.desc())
     if last is not None:
         r_stmt, e_stmt = r_stmt.limit(last), e_stmt.limit(last)

@@ -219,3 +219,17 @@ def test_postgres_lifecycle(pg_url: str) -> None:
         assert report.ok and report.verified == 8
     finally:
         store.close()
+
+
+def test_timeline_condition_matches_the_partial_index_migration() -> None:
+    """The planner uses the index only for the very condition it was created with."""
+    import importlib.util
+
+    from ctrlrun.schema import TIMELINE
+
+    path = Path(__file__).parents[2] / "sdk" / "migrations" / "versions" / "r0003_timeline_index.py"
+    spec = importlib.util.spec_from_file_location("r0003", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert str(TIMELINE) == module.TIMELINE

@@ -469,7 +469,7 @@ def test_rolling_upgrade_0001_and_0002_share_a_ledger(store_url: str) -> None:
     finally:
         check.dispose()
 
-    # The new code opens it (upgrading to 0002 under the lock) and writes.
+    # The new code opens it (upgrading to the head under the lock) and writes.
     s = open_store(store_url)
     try:
         control = Control(Policy.from_yaml(POLICY), s)
@@ -477,8 +477,9 @@ def test_rolling_upgrade_0001_and_0002_share_a_ledger(store_url: str) -> None:
             Action("refund", {"payment_id": "new", "amount": 1}, AGENT), lambda: None, "refund:new"
         )
         with s.reading() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
-        # A sidecar still on 0001 keeps working against the 0002 schema.
+            version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            assert version == HEAD_REVISION
+        # A sidecar still on 0001 keeps working against the newer schema.
         with s.transaction() as conn:
             write_like_0001(conn, iso(utc_now()))
         with s.reading() as conn:
