@@ -109,7 +109,8 @@ class Guard:
             request_id: str | None = None,
             exc: BaseException | None = None,
         ) -> Answer:
-            receipt = receipt or getattr(exc, "receipt_id", None)
+            if receipt is None and isinstance(exc, CTRLRunError):
+                receipt = exc.receipt_id
             self.metrics.decisions.labels(action or "-", outcome).inc()
             log.info("refused %s %s: %s (%s)", request.method, request.path, outcome, reason)
             return answer(

@@ -131,7 +131,7 @@ class Control:
             denied = ActionDenied(
                 reason, f"{action.name} denied: {reason}", action_id=action.action_id
             )
-            denied.receipt_id = receipt.receipt_id  # type: ignore[attr-defined]
+            denied.receipt_id = receipt.receipt_id
             raise denied
         elif decision == "approve" and approval_id is None:
             with self.store.transaction() as conn:
@@ -175,7 +175,7 @@ class Control:
             if gate.refusal is not None:
                 log.info("%s refused: %s", action.name, gate.refusal)
                 if gate.receipt is not None:
-                    gate.refusal.receipt_id = gate.receipt.receipt_id  # type: ignore[attr-defined]
+                    gate.refusal.receipt_id = gate.receipt.receipt_id
                 raise gate.refusal
             return attempt
         raise AmbiguousEffect(effect_key or "", "the effect record kept moving; try again later")

@@ -24,6 +24,8 @@ from __future__ import annotations
 class CTRLRunError(Exception):
     """Base class of every ctrlrun error."""
 
+    receipt_id: str | None = None  # the receipt that records this refusal, when one was written
+
 
 class InvalidArgument(CTRLRunError):
     """A value ctrlrun cannot accept."""
