@@ -70,9 +70,7 @@ def test_readme_install_and_demo_work_on_a_fresh_clone(tmp_path: Path) -> None:
         if k not in ("VIRTUAL_ENV", "PYTHONPATH") and not k.lower().endswith("_proxy")
     }
     env["PATH"] = os.pathsep.join(
-        p
-        for p in env.get("PATH", "").split(os.pathsep)
-        if "venv" not in p
+        p for p in env.get("PATH", "").split(os.pathsep) if "venv" not in p
     )
     result = subprocess.run(
         ["bash", "-c", bash_blocks()[0].strip()],
