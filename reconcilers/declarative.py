@@ -32,14 +32,14 @@ from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
 from ctrlrun.upstreams import RouteReconcile, Upstream
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Verdict, bearer, dig
+from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
 _ARGUMENT = re.compile(r"\{([^\W\d]\w*)\}")
 
 
-class DeclarativeReconciler:
+class DeclarativeReconciler(Remote):
     """Answers for the routes of one ``profile: http`` upstream that declare ``reconcile:``."""
 
     def __init__(
@@ -53,13 +53,9 @@ class DeclarativeReconciler:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         """``routes``: (action name, its reconcile spec); the first that fits is asked."""
-        if timeout <= 0 or deadline <= 0:
-            raise InvalidArgument("timeout and deadline must be positive")
-        self.base_url = base_url.rstrip("/")
-        self.ca_file = ca_file
-        self.timeout = timeout
-        self.deadline = deadline
-        self._transport = transport
+        super().__init__(
+            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+        )
         self._routes: list[tuple[str, Template, RouteReconcile]] = []
         for action, spec in routes:
             try:

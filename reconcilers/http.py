@@ -19,6 +19,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
 
 log = logging.getLogger("ctrlrun.reconcilers")
@@ -130,3 +131,24 @@ def dig(document: Any, dotted: str) -> tuple[Literal[True], Any] | tuple[Literal
         else:
             return False, None
     return True, node
+
+
+class Remote:
+    """Where a reconciler asks, how it trusts the answer, and how long it may take."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        ca_file: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        deadline: float = DEFAULT_DEADLINE,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if timeout <= 0 or deadline <= 0:
+            raise InvalidArgument("timeout and deadline must be positive")
+        self.base_url = base_url.rstrip("/")
+        self.ca_file = ca_file
+        self.timeout = timeout
+        self.deadline = deadline
+        self._transport = transport

@@ -24,17 +24,16 @@ from urllib.parse import quote
 
 import httpx
 
-from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.upstreams import Upstream
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Verdict, bearer, dig
+from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
 
-class KubernetesReconciler:
+class KubernetesReconciler(Remote):
     """Answers for one Kubernetes upstream (see the module docstring for the table)."""
 
     def __init__(
@@ -48,15 +47,11 @@ class KubernetesReconciler:
         deadline: float = DEFAULT_DEADLINE,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if timeout <= 0 or deadline <= 0:
-            raise InvalidArgument("timeout and deadline must be positive")
-        self.base_url = base_url.rstrip("/")
-        self.ca_file = ca_file
+        super().__init__(
+            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+        )
         self.token_file = token_file
-        self.timeout = timeout
-        self.deadline = deadline
         self._token = token
-        self._transport = transport
 
     def __repr__(self) -> str:
         return f"KubernetesReconciler({self.base_url!r})"

@@ -34,7 +34,7 @@ from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.upstreams import Upstream
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Params, Reader, Verdict, bearer
+from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Params, Reader, Remote, Verdict, bearer
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
@@ -50,7 +50,7 @@ _CHARGE_PREFIXES = ("ch_", "py_")
 Page = tuple[list[dict[str, Any]], bool]  # the objects read, and whether the list is complete
 
 
-class StripeReconciler:
+class StripeReconciler(Remote):
     """Answers for one Stripe upstream (see the module docstring for the table)."""
 
     def __init__(
@@ -66,17 +66,15 @@ class StripeReconciler:
         settle_after: float = 0.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if timeout <= 0 or deadline <= 0 or max_pages < 1:
-            raise InvalidArgument("timeout and deadline must be positive, max_pages at least 1")
-        self.base_url = base_url.rstrip("/")
-        self.ca_file = ca_file
-        self.timeout = timeout
-        self.deadline = deadline
+        if max_pages < 1:
+            raise InvalidArgument("max_pages must be at least 1")
+        super().__init__(
+            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+        )
         self.max_pages = max_pages
         self.settle_after = settle_after
         self._api_key = api_key
         self._api_key_env = api_key_env  # read when asked, so the key is not kept here
-        self._transport = transport
 
     def __repr__(self) -> str:
         return f"StripeReconciler({self.base_url!r})"
