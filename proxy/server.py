@@ -251,6 +251,8 @@ class _Announce:
         with contextlib.suppress(OSError):
             os.chmod(key, 0o600)
         print(f"ctrlrun proxy listening: {'; '.join(parts)}; CA {ca}", flush=True)
+        if self.sidecar.policy.mode == "observe":
+            log.warning("OBSERVE MODE: nothing is enforced; refusals are only recorded")
 
     def sidecar_name(self, spec: str) -> str:
         _, reverse = self.sidecar.modes()
