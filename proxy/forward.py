@@ -1,8 +1,9 @@
 """Forwarding a protected request upstream with the addon's own client.
 
 mitmproxy has no upstream read deadline and cannot tell whether request bytes were written;
-this client can. Its exceptions say exactly how far a request got, which is what the
-classification table needs.
+this client can. It says exactly how far a request got, which is what the classification
+table needs. The client is :mod:`.h1` (a lean HTTP/1.1 pool); an injected httpx transport
+(tests) takes the httpx path instead.
 """
 
 from __future__ import annotations
@@ -15,24 +16,10 @@ import httpx
 
 from ctrlrun.upstreams import Upstream
 
+from . import h1
 from .classify import Transport
+from .h1 import HOP_BY_HOP
 
-# Headers that belong to one hop, never forwarded.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
 MAX_RESPONSE = 16 * 1024 * 1024
 
 
@@ -58,16 +45,26 @@ def forward_headers(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]
 
 
 class Forwarder:
-    """One pooled HTTP client per upstream; ignores proxy environment variables (no loops)."""
+    """One connection pool per upstream; ignores proxy environment variables (no loops)."""
 
     def __init__(
         self, upstreams: Sequence[Upstream], *, transport: httpx.AsyncBaseTransport | None = None
     ):
         self._clients: dict[str, httpx.AsyncClient] = {}
+        self._pools: dict[str, h1.Pool] = {}
         for up in upstreams:
-            verify: ssl.SSLContext | bool = True
-            if up.ca_file:
-                verify = ssl.create_default_context(cafile=up.ca_file)
+            context = ssl.create_default_context(cafile=up.ca_file) if up.ca_file else None
+            if transport is None:
+                self._pools[up.name] = h1.Pool(
+                    up.scheme,
+                    up.host,
+                    up.port,
+                    timeout=float(up.timeout),
+                    ssl_context=context,
+                    max_body=MAX_RESPONSE,
+                )
+                continue
+            verify: ssl.SSLContext | bool = context or True
             self._clients[up.name] = httpx.AsyncClient(
                 base_url=up.url,
                 timeout=httpx.Timeout(float(up.timeout)),
@@ -86,6 +83,16 @@ class Forwarder:
         headers: Sequence[tuple[str, str]],
         body: bytes,
     ) -> Reply:
+        pool = self._pools.get(upstream.name)
+        if pool is not None:
+            try:
+                got = await pool.request(method, path_and_query, headers, body)
+            except h1.RequestFailed as exc:
+                return Reply(None, transport=exc.transport, error=exc.line)
+            out = tuple((k, v) for k, v in got.headers if k.lower() not in HOP_BY_HOP)
+            if got.error is not None:
+                return Reply(got.status, out, b"", error=got.error, cut_short=True)
+            return Reply(got.status, out, got.body)
         client = self._clients[upstream.name]
         request = client.build_request(method, path_and_query, headers=list(headers), content=body)
         try:
@@ -118,6 +125,8 @@ class Forwarder:
             await response.aclose()
 
     async def aclose(self) -> None:
+        for pool in self._pools.values():
+            await pool.aclose()
         for client in self._clients.values():
             await client.aclose()
 
