@@ -246,6 +246,17 @@ class Control:
         attempt = self.begin(
             action, effect_key, approval_id=approval_id, lease=lease, reconcile=reconcile
         )
+        return self.run(attempt, executor, reconcile=reconcile, reconcile_eagerly=reconcile_eagerly)
+
+    def run(
+        self,
+        attempt: Attempt,
+        executor: Callable[[], T],
+        *,
+        reconcile: ReconcileHook | None = None,
+        reconcile_eagerly: bool = False,
+    ) -> tuple[T, Receipt]:
+        """Execute an attempt that passed ``begin`` and record what became of it."""
         try:
             with attempt_token(attempt.held_key):
                 value = executor()

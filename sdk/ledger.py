@@ -146,6 +146,35 @@ def move_effect(
     return int(_run(conn, sql, params).rowcount) == 1
 
 
+LEASE_EXPIRED = "lease expired before an outcome was recorded"
+
+
+def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:
+    """Move a record whose holder's lease ran out to AMBIGUOUS, with its event.
+
+    False when the record moved under us (another contender got there first).
+    """
+    if not move_effect(
+        conn,
+        record.effect_key,
+        old=record.state,
+        new=EffectState.AMBIGUOUS,
+        action_id=record.action_id,
+        attempt=record.attempt,
+        values={"updated_at": iso(now), "lease_expires_at": None, "error": LEASE_EXPIRED},
+    ):
+        return False
+    append_event(
+        conn,
+        now,
+        EventType.EXECUTION_AMBIGUOUS,
+        action_id=record.action_id,
+        effect_key=record.effect_key,
+        data={"error": LEASE_EXPIRED},
+    )
+    return True
+
+
 def list_effects(
     conn: Connection, state: EffectState | None = None, limit: int | None = None
 ) -> list[EffectRecord]:

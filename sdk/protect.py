@@ -138,18 +138,12 @@ def protect(
             ctl, action, key = prepare(args, kwargs)
             attempt = _begin(ctl, action, key, lease, reconcile, wait)
             pos, kw = call_args(action)
-            try:
-                with attempt_token(attempt.held_key):
-                    value = fn(*pos, **kw)
-            except NotExecuted as exc:
-                ctl.finish(attempt, "failed", error=describe(exc))
-                raise
-            except BaseException as exc:
-                ctl.finish(attempt, "ambiguous", error=describe(exc))
-                if isinstance(exc, Exception):
-                    ctl.eager_reconcile(attempt, reconcile, reconcile_eagerly)
-                raise
-            ctl.finish(attempt, "committed")
+            value, _ = ctl.run(
+                attempt,
+                lambda: fn(*pos, **kw),
+                reconcile=reconcile,
+                reconcile_eagerly=reconcile_eagerly,
+            )
             return value
 
         return cast(F, wrapper)

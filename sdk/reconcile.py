@@ -120,26 +120,7 @@ class Reconciler:
         with self.store.transaction() as conn:
             for state in (EffectState.RESERVED, EffectState.EXECUTING):
                 for rec in ledger.list_effects(conn, state, limit):
-                    if rec.lease_is_live(now):
-                        continue
-                    error = "lease expired before an outcome was recorded"
-                    if ledger.move_effect(
-                        conn,
-                        rec.effect_key,
-                        old=state,
-                        new=EffectState.AMBIGUOUS,
-                        action_id=rec.action_id,
-                        attempt=rec.attempt,
-                        values={"updated_at": iso(now), "error": error, "lease_expires_at": None},
-                    ):
-                        ledger.append_event(
-                            conn,
-                            now,
-                            EventType.EXECUTION_AMBIGUOUS,
-                            action_id=rec.action_id,
-                            effect_key=rec.effect_key,
-                            data={"error": error},
-                        )
+                    if not rec.lease_is_live(now) and ledger.expire_lease(conn, rec, now):
                         moved.append(rec.effect_key)
         return moved
 

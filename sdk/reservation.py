@@ -75,28 +75,8 @@ def reserve(
         plan = plan_reservation(record, now, window)
         if isinstance(plan, Refuse):
             assert record is not None
-            if plan.ambiguate:
-                ledger.move_effect(
-                    conn,
-                    key,
-                    old=record.state,
-                    new=EffectState.AMBIGUOUS,
-                    action_id=record.action_id,
-                    attempt=record.attempt,
-                    values={
-                        "updated_at": iso(now),
-                        "lease_expires_at": None,
-                        "error": "lease expired before an outcome was recorded",
-                    },
-                )
-                ledger.append_event(
-                    conn,
-                    now,
-                    EventType.EXECUTION_AMBIGUOUS,
-                    action_id=record.action_id,
-                    effect_key=key,
-                    data={"error": "lease expired before an outcome was recorded"},
-                )
+            if plan.ambiguate and not ledger.expire_lease(conn, record, now):
+                raise LostRace  # the record moved while we planned: plan again
             if plan.kind == "ambiguous" and reconcile is not None and not attempt.reconciled:
                 gate.reconcile = True
                 return

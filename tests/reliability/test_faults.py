@@ -197,7 +197,7 @@ TRANSPORT_ROWS = [
     ("connection refused", "refused"),
     ("connect timeout", "connect_timeout"),
     # A DNS failure would ask the machine's resolver, off loopback: it is proven on the
-    # forwarder with an injected transport instead (tests/proxy/test_forward.py).
+    # client with a refused lookup instead (tests/proxy/test_h1.py).
     ("TLS handshake failure (plain server)", "tls_plain"),
     ("TLS handshake failure (untrusted CA)", "tls_untrusted"),
 ]
