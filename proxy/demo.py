@@ -7,6 +7,7 @@ It starts the fake remotes and ``ctrlrun proxy`` on loopback, plays an agent aga
 from __future__ import annotations
 
 import contextlib
+import select
 import shutil
 import socket
 import subprocess
@@ -92,7 +93,9 @@ def sidecar(workdir: Path, stripe: str, kube: str) -> Iterator[tuple[str, str]]:
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
+        # The start-up line, or give up after 30 s (a proxy that never binds must not hang us).
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
         if "listening" not in line:
             raise CTRLRunError(f"the proxy did not start; see {workdir / 'proxy.log'}")
         yield f"http://127.0.0.1:{sp}", f"http://127.0.0.1:{kp}"
