@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from ctrlrun import ledger
-from ctrlrun.action import Action, Principal, utc_now
+from ctrlrun.action import Action, Principal, parse_iso, utc_now
 from ctrlrun.control import Control
 from ctrlrun.errors import (
     ActionDenied,
@@ -29,6 +29,7 @@ from ctrlrun.errors import (
     EffectKeyError,
     InvalidArgument,
 )
+from ctrlrun.policy import Decision
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 from ctrlrun.states import EffectState
@@ -371,17 +372,21 @@ class Guard:
         request: Request,
     ) -> Reply | None:
         """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it."""
+        if ctl.evaluate(action).decision is Decision.DENY:
+            return None  # the policy now refuses the action: begin() records and says so
 
         def read() -> Any:
             with ctl.store.reading() as conn:
-                return ledger.get_effect(conn, key), ledger.get_effect_row(conn, key)
+                return ledger.get_effect_row(conn, key)
 
-        record, row = await asyncio.to_thread(read)
-        if record is None or record.state is not EffectState.AMBIGUOUS:
+        row = await asyncio.to_thread(read)
+        if row is None or row["state"] != EffectState.AMBIGUOUS.value:
             return None
-        if record.idempotency_key != idem or utc_now() - record.updated_at > REPLAY_WINDOW:
+        if row["idempotency_key"] != idem:
             return None
-        if row is None or row["action_json"] != action.canonical.decode("utf-8"):
+        if utc_now() - parse_iso(row["updated_at"]) > REPLAY_WINDOW:
+            return None
+        if row["action_json"] != action.canonical.decode("utf-8"):
             # The old key on a changed request is not a transport retry: Stripe would refuse
             # it (idempotency_error), and that 400 says nothing about the first attempt.
             return None
@@ -391,7 +396,7 @@ class Guard:
         )
         outcome = classify(
             up.profile,
-            record.action_name or "",
+            action.name,
             status=reply.status,
             transport=reply.transport,
             body=reply.body,

@@ -3,10 +3,13 @@ HTTP): at most once, honest about lost replies, and never retried into a second 
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -336,3 +339,35 @@ def test_same_key_with_a_changed_body_is_not_a_replay(plain: Sidecar, fake: Fake
 
     assert fresh.status_code == 409 and fresh.json()["ctrlrun"]["outcome"] == "ambiguous"
     assert fake.count("POST", "/v1/refunds") == 1 and refunds_of(fake, pi) == 1
+
+
+def test_same_key_retry_is_not_replayed_once_the_policy_denies_it(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    stripe, kube = remotes
+    sc = start_sidecar(tmp_path, stripe, kube, reconcile="off")
+    try:
+        pi = stripe.add_payment_intent(amount=5000)["id"]
+        headers = {"Authorization": f"Bearer {STRIPE_KEY}", "Idempotency-Key": f"deny-{pi}"}
+        form = {"payment_intent": pi, "amount": "1000"}
+        posts = stripe.count("POST", "/v1/refunds")  # the fake is shared with other tests
+        stripe.fail_next("reset_before")  # nothing applied: a replay would refund now
+        with httpx.Client(base_url=sc.stripe_base, timeout=CLIENT_TIMEOUT, trust_env=False) as http:
+            assert http.post("/v1/refunds", data=form, headers=headers).status_code == 504
+            denying = (
+                sc.policy.read_text()
+                .replace("      - when: {amount_lte: 100000}\n        decision: allow\n", "")
+                .replace("      - decision: approve\n", "      - decision: deny\n")
+            )
+            sc.policy.write_text(denying)
+            assert sc.proc is not None
+            sc.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 20
+            while "policy reloaded" not in sc.log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            retry = http.post("/v1/refunds", data=form, headers=headers)
+        assert retry.status_code == 403 and retry.headers["X-Ctrlrun-Outcome"] == "denied"
+        assert stripe.count("POST", "/v1/refunds") == posts + 1 and refunds_of(stripe, pi) == 0
+        assert sc.effect_state(f"refund:{pi}") == "ambiguous"
+    finally:
+        sc.stop()
