@@ -16,8 +16,8 @@ import httpx
 
 import ctrlrun
 from ctrlrun import Control, Policy, SQLiteStateStore
-from ctrlrun.proxy.fakes import FakeStripe
 from ctrlrun.reconcilers import stripe_refunds
+from ctrlrun.testing import FakeStripe
 
 KEY = "sk_test_example"
 POLICY = """\

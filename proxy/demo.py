@@ -19,8 +19,7 @@ from pathlib import Path
 import httpx
 
 from ctrlrun.errors import CTRLRunError
-
-from .fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 POLICY = """\
 schema: ctrlrun.policy/v2

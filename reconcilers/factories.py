@@ -115,7 +115,7 @@ def stripe_refunds(
     the only refund of that payment (of that amount, when known) created within
     ``started_within``. Against the fake Stripe that ships with ctrlrun:
 
-    >>> from ctrlrun.proxy.fakes import FakeStripe
+    >>> from ctrlrun.testing import FakeStripe
     >>> with FakeStripe() as fake:
     ...     pi = fake.add_payment_intent(amount=5000)["id"]
     ...     hook = stripe_refunds(api_key="sk_test_1", base_url=fake.url, amount=500)
@@ -154,7 +154,7 @@ def stripe_payment_intent_cancels(
 ) -> ReconcileHook:
     """A hook that asks Stripe whether the payment intent of an effect key is canceled.
 
-    >>> from ctrlrun.proxy.fakes import FakeStripe
+    >>> from ctrlrun.testing import FakeStripe
     >>> with FakeStripe() as fake:
     ...     pi = fake.add_payment_intent(status="canceled")["id"]
     ...     hook = stripe_payment_intent_cancels(api_key="sk_test_1", base_url=fake.url)
@@ -186,7 +186,7 @@ def kubernetes_scale(
 ) -> ReconcileHook:
     """A hook that asks the apiserver whether a deployment has the replicas of an effect key.
 
-    >>> from ctrlrun.proxy.fakes import FakeKubernetes
+    >>> from ctrlrun.testing import FakeKubernetes
     >>> with FakeKubernetes() as fake:
     ...     _ = fake.add_deployment("default", "web", replicas=6)
     ...     hook = kubernetes_scale(server=fake.url, token="t")
@@ -219,7 +219,7 @@ def kubernetes_deletes(
     A template with ``{deployment}`` names a deployment (in ``{namespace}``, else
     ``namespace``); one with ``{name}`` and no ``{deployment}`` names a namespace.
 
-    >>> from ctrlrun.proxy.fakes import FakeKubernetes
+    >>> from ctrlrun.testing import FakeKubernetes
     >>> with FakeKubernetes() as fake:
     ...     _ = fake.add_namespace("shop")
     ...     hook = kubernetes_deletes(server=fake.url, effect="drop:{cluster}:{name}")

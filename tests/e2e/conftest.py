@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from harness import Sidecar, start_sidecar
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 
 @pytest.fixture

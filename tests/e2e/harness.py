@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import SQLiteStateStore
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 STRIPE_KEY = "sk_test_e2e_4242424242"
 KUBE_TOKEN = "kube-e2e-token-7f3a9c"

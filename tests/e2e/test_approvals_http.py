@@ -18,7 +18,7 @@ from stripe_support import (
     stripe_client,
 )
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 BIG = 150_000  # over the harness policy's 100000: stripe.refund needs approval

@@ -29,11 +29,11 @@ from ctrlrun.errors import StoreError
 from ctrlrun.policy import Policy
 from ctrlrun.proxy import guard as guard_module
 from ctrlrun.proxy.addon import CtrlrunAddon
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.proxy.forward import Reply
 from ctrlrun.proxy.guard import Guard
 from ctrlrun.proxy.principal import Principals
 from ctrlrun.store import SQLiteStateStore
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.upstreams import Upstream
 
 pytestmark = pytest.mark.timeout(90)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness import KUBE_TOKEN, Sidecar, clean_env
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = [

@@ -10,7 +10,7 @@ import pytest
 from harness import KUBE_TOKEN, Sidecar
 from kubernetes.client.rest import ApiException
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from harness import KUBE_TOKEN, start_sidecar
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 
 def test_json_logs_one_object_per_line_with_each_decision(

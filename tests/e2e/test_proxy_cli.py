@@ -16,7 +16,7 @@ import pytest
 from harness import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
 from prometheus_client.parser import text_string_to_metric_families
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
 

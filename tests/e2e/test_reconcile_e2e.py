@@ -21,8 +21,8 @@ from harness import KUBE_TOKEN, Sidecar, start_sidecar
 from sqlalchemy import update
 
 from ctrlrun.action import iso, utc_now
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.schema import effects
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,7 +15,7 @@ import pytest
 from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
 from stripe_support import CLIENT_TIMEOUT, outcome, refund, refused, stripe_client
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(180)
 AGENT = "refund-agent"

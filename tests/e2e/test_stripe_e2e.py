@@ -29,7 +29,7 @@ from stripe_support import (
     timeline,
 )
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 

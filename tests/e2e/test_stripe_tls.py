@@ -12,7 +12,7 @@ import stripe
 from harness import POLICY, Sidecar, start_sidecar
 from stripe_support import effect, outcome, receipts_for, refund, refused, stripe_client
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 ANCHOR = "    api_key_env: STRIPE_E2E_KEY\n"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 
 @pytest.fixture

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.proxy.fakes import FakeServer
-from ctrlrun.proxy.fakes.wire import Request, Response
 from ctrlrun.reconcilers import DeclarativeReconciler, EffectFacts
 from ctrlrun.reconcilers.declarative import holds, same
+from ctrlrun.testing import FakeServer, Request, Response
 from ctrlrun.upstreams import Route, RouteReconcile, Upstream
 
 

@@ -13,7 +13,6 @@ import pytest
 import ctrlrun
 from ctrlrun import Control, DuplicateEffect, InvalidArgument, Policy, SQLiteStateStore
 from ctrlrun.ledger import get_effect
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.reconcilers import (
     kubernetes_deletes,
     kubernetes_scale,
@@ -23,6 +22,7 @@ from ctrlrun.reconcilers import (
 )
 from ctrlrun.states import EffectState
 from ctrlrun.templates import parse_template
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 KEY = "sk_test_factories"
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ctrlrun.proxy.fakes import FakeKubernetes
 from ctrlrun.reconcilers import EffectFacts, KubernetesReconciler
+from ctrlrun.testing import FakeKubernetes
 from ctrlrun.upstreams import Upstream
 
 Seed = Callable[[FakeKubernetes], None]

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ctrlrun.context import idempotency_token_for
-from ctrlrun.proxy.fakes import FakeStripe
 from ctrlrun.reconcilers import EffectFacts, StripeReconciler
+from ctrlrun.testing import FakeStripe
 from ctrlrun.upstreams import Upstream
 
 KEY = "sk_test_reconcilers"

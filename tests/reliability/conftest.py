@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from e2e.harness import Sidecar, start_sidecar
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 

@@ -20,8 +20,8 @@ from ctrlrun.action import Action, Principal, canonical_bytes
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.policy import Decision, Policy
 from ctrlrun.proxy.classify import Outcome, Transport, classify
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": "Bearer sk_test_x"}
 MERGE = {"Content-Type": "application/merge-patch+json"}

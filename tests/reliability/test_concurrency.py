@@ -20,8 +20,8 @@ import httpx
 import pytest
 from e2e.harness import Sidecar
 
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 PROXIES = 4
 PROXY_KEYS = 400

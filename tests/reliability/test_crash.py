@@ -26,8 +26,8 @@ import pytest
 from e2e.harness import Sidecar
 
 from ctrlrun import ledger
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 LANES = 5
 TRIALS_PER_LANE = 5  # 25 kills per engine, 50 in all

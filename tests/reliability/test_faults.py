@@ -24,8 +24,8 @@ import pytest
 from e2e.harness import Sidecar, free_port, start_sidecar
 
 from ctrlrun import ledger
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 STRIPE_KEY = "sk_test_faults_0001"
 SCALE = "/apis/apps/v1/namespaces/default/deployments/checkout/scale"

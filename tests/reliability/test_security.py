@@ -31,8 +31,8 @@ from ctrlrun.action import Action, Principal, canonical_bytes, sha256
 from ctrlrun.cli import main as cli_main
 from ctrlrun.control import Control
 from ctrlrun.policy import Policy
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 STRIPE_SECRET = "sk_test_RELsecretStripe7781"
 KUBE_SECRET = "kube-REL-secret-token-4410"

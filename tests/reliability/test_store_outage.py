@@ -17,8 +17,8 @@ import pytest
 from e2e.harness import Sidecar
 
 from ctrlrun import ledger
-from ctrlrun.proxy.fakes import FakeKubernetes, FakeStripe
 from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 from .conftest import pg_admin
 

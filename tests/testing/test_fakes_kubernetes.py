@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from ctrlrun.proxy.fakes import FakeKubernetes
+from ctrlrun.testing import FakeKubernetes
 
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments/checkout"
 SCALE = DEPLOY + "/scale"

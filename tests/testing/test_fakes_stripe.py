@@ -14,7 +14,7 @@ import httpx
 import pytest
 import stripe
 
-from ctrlrun.proxy.fakes import FakeStripe
+from ctrlrun.testing import FakeStripe
 
 KEY = "sk_test_fake123"
 AUTH = {"Authorization": f"Bearer {KEY}"}

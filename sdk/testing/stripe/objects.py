@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from .stripe_wire import StripeObject, new_id
+from .wire import StripeObject, new_id
 
 API_VERSION = "2026-06-24.dahlia"
 

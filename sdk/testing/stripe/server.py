@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from .server import FakeServer
-from .stripe_objects import API_VERSION
-from .stripe_state import StripeState
-from .stripe_wire import (
+from ..messages import Request, Response
+from ..server import FakeServer
+from .objects import API_VERSION
+from .state import StripeState
+from .wire import (
     Params,
     StripeError,
     StripeObject,
@@ -27,7 +28,6 @@ from .stripe_wire import (
     new_id,
     parse_form,
 )
-from .wire import Request, Response
 
 IDEMPOTENCY_TTL = 24 * 3600
 _KEY = re.compile(r"sk_test_[A-Za-z0-9_]+")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import stripe_objects as objects
-from .stripe_wire import (
+from . import objects
+from .wire import (
     Params,
     StripeError,
     StripeObject,

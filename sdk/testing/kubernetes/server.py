@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 from typing import Any
 
-from .k8s_objects import DISCOVERY, SERVER_VERSION, Obj, status, success, table
-from .k8s_patch import ApiError, parse_json
-from .k8s_state import KubeState
-from .server import FakeServer
-from .wire import Request, Response
+from ..messages import Request, Response
+from ..server import FakeServer
+from .objects import DISCOVERY, SERVER_VERSION, Obj, status, success, table
+from .patch import ApiError, parse_json
+from .state import KubeState
 
 WATCH_POLL_SECONDS = 0.05
 MAX_WATCH_SECONDS = 600

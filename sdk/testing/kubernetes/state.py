@@ -10,7 +10,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .k8s_objects import (
+from .objects import (
     IMMORTAL_NAMESPACES,
     Obj,
     converge,
@@ -19,7 +19,7 @@ from .k8s_objects import (
     scale_of,
     timestamp,
 )
-from .k8s_patch import (
+from .patch import (
     DEPLOYMENTS,
     NAMESPACES,
     ApiError,
