@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 from mitmproxy import http
 
-from ctrlrun.upstreams import Upstream
-
 from .answers import answer
+from .config import Upstream
 from .guard import Guard
 from .principal import Principals
 from .route_values import READ_METHODS

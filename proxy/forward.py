@@ -11,10 +11,9 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ctrlrun.upstreams import Upstream
-
 from . import h1
 from .classify import Transport
+from .config import Upstream
 from .h1 import HOP_BY_HOP
 
 MAX_RESPONSE = 16 * 1024 * 1024

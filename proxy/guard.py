@@ -33,10 +33,10 @@ from ctrlrun.policy import Decision
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 from ctrlrun.states import EffectState
-from ctrlrun.upstreams import Upstream
 
 from .answers import Answer, answer
 from .classify import Outcome, classify
+from .config import Upstream
 from .forward import Forwarder, Reply, forward_headers
 from .metrics import Metrics
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request

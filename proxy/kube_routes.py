@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctrlrun.upstreams import Upstream
-
+from .config import Upstream
 from .route_values import (
     BadInput,
     Mapped,

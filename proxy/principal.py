@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 from ctrlrun.action import Principal
 from ctrlrun.errors import PolicyError
-from ctrlrun.upstreams import AgentCredential
+
+from .config import AgentCredential
 
 
 class Principals:

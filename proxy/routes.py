@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctrlrun.upstreams import Upstream
-
+from .config import Upstream
 from .kube_routes import map_kubernetes
 from .route_values import (
     MAX_BODY,

@@ -19,14 +19,14 @@ from pathlib import Path
 from ctrlrun.config import open_default_store, policy_path
 from ctrlrun.control import Control
 from ctrlrun.errors import CTRLRunError, PolicyError
-from ctrlrun.policy import Policy
-from ctrlrun.reconcilers import registry
 from ctrlrun.reconcilers.sweep import sweep
 from ctrlrun.store import StateStore
-from ctrlrun.upstreams import Upstream
 
+from . import registry
 from .addon import CtrlrunAddon
 from .admin import Admin
+from .config import Upstream
+from .config_parse import load_policy, proxy_config
 from .forward import Forwarder
 from .guard import Guard
 from .metrics import Metrics
@@ -64,21 +64,22 @@ class Sidecar:
     def __init__(self, settings: ProxySettings) -> None:
         self.settings = settings
         self.policy_file = policy_path(settings.policy)
-        self.policy = Policy.from_file(self.policy_file)
+        self.policy = load_policy(self.policy_file)
+        self.config = proxy_config(self.policy)
         self.store: StateStore = open_default_store(settings.store_url, self.policy_file)
         self.control = Control(self.policy, self.store)
-        self.upstreams: Sequence[Upstream] = self.policy.proxy.upstreams
-        self.principals = Principals(settings.principal, self.policy.proxy.agents)
+        self.upstreams: Sequence[Upstream] = self.config.upstreams
+        self.principals = Principals(settings.principal, self.config.agents)
         self.reconcilers = registry.build(self.upstreams)
 
     def reload(self) -> bool:
         """Load the policy file again; keep the old one in force if the new one fails."""
         try:
-            policy = Policy.from_file(self.policy_file)
+            policy = load_policy(self.policy_file)
         except CTRLRunError as exc:
             log.error("policy reload refused, the old policy stays in force: %s", exc)
             return False
-        if policy.proxy != self.policy.proxy:
+        if proxy_config(policy) != self.config:
             log.warning("upstreams/agents changed: they take effect at the next restart")
         self.policy = policy
         self.control = Control(policy, self.store)

@@ -4,13 +4,14 @@ For the SDK, factories return ``reconcile=`` hooks that read the arguments back 
 effect key (``stripe_refunds``, ``stripe_payment_intent_cancels``, ``kubernetes_scale``,
 ``kubernetes_deletes``). For the proxy, one reconciler object per upstream receives the
 effect's :class:`EffectFacts` (``StripeReconciler``, ``KubernetesReconciler``,
-``DeclarativeReconciler``). Reconcilers only read; what they cannot prove is ``unknown``.
+``DeclarativeReconciler``), built from a small frozen target (``StripeTarget``, ...) that the
+proxy derives from its upstreams. Reconcilers only read; what they cannot prove is ``unknown``.
 """
 
 from __future__ import annotations
 
 from .base import EffectFacts, ProxyReconciler
-from .declarative import DeclarativeReconciler
+from .declarative import Check, DeclarativeReconciler, DeclarativeTarget
 from .factories import (
     kubernetes_deletes,
     kubernetes_scale,
@@ -18,15 +19,19 @@ from .factories import (
     stripe_payment_intent_cancels,
     stripe_refunds,
 )
-from .kubernetes import KubernetesReconciler
-from .stripe import StripeReconciler
+from .kubernetes import KubernetesReconciler, KubernetesTarget
+from .stripe import StripeReconciler, StripeTarget
 
 __all__ = [
+    "Check",
     "DeclarativeReconciler",
+    "DeclarativeTarget",
     "EffectFacts",
     "KubernetesReconciler",
+    "KubernetesTarget",
     "ProxyReconciler",
     "StripeReconciler",
+    "StripeTarget",
     "kubernetes_deletes",
     "kubernetes_scale",
     "parse_effect_key",

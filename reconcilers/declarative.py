@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -29,7 +30,6 @@ import httpx
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
-from ctrlrun.upstreams import RouteReconcile, Upstream
 
 from .base import EffectFacts
 from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
@@ -39,13 +39,31 @@ log = logging.getLogger("ctrlrun.reconcilers")
 _ARGUMENT = re.compile(r"\{([^\W\d]\w*)\}")
 
 
+@dataclass(frozen=True)
+class Check:
+    """One route's question: the path to GET, and the conditions that settle the answer."""
+
+    get: str  # path template, e.g. "/v1/invoices/{invoice_id}"
+    committed: Mapping[str, Any]  # {"status": "sent"}; a value "{name}" means that argument
+    not_executed: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeclarativeTarget:
+    """Where a declarative reconciler asks, and the check of each action it answers for."""
+
+    base_url: str
+    checks: tuple[tuple[str, Check], ...]  # (action name, its check); the first that fits
+    ca_file: str | None = None
+
+
 class DeclarativeReconciler(Remote):
     """Answers for the routes of one ``profile: http`` upstream that declare ``reconcile:``."""
 
     def __init__(
         self,
         base_url: str,
-        routes: Sequence[tuple[str, RouteReconcile]],
+        routes: Sequence[tuple[str, Check]],
         *,
         ca_file: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
@@ -56,7 +74,7 @@ class DeclarativeReconciler(Remote):
         super().__init__(
             base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
         )
-        self._routes: list[tuple[str, Template, RouteReconcile]] = []
+        self._routes: list[tuple[str, Template, Check]] = []
         for action, spec in routes:
             try:
                 self._routes.append((action, parse_template(spec.get), spec))
@@ -67,9 +85,8 @@ class DeclarativeReconciler(Remote):
         return f"DeclarativeReconciler({self.base_url!r})"
 
     @classmethod
-    def for_upstream(cls, upstream: Upstream) -> DeclarativeReconciler:
-        routes = [(r.action, r.reconcile) for r in upstream.routes if r.reconcile is not None]
-        return cls(upstream.url, routes, ca_file=upstream.ca_file)
+    def for_target(cls, target: DeclarativeTarget) -> DeclarativeReconciler:
+        return cls(target.base_url, target.checks, ca_file=target.ca_file)
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         verdict = self._verdict(facts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,12 +26,20 @@ from urllib.parse import quote
 import httpx
 
 from ctrlrun.reconcile import ReconcileOutcome
-from ctrlrun.upstreams import Upstream
 
 from .base import EffectFacts
 from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
 
 log = logging.getLogger("ctrlrun.reconcilers")
+
+
+@dataclass(frozen=True)
+class KubernetesTarget:
+    """Where a Kubernetes reconciler asks, and the service-account files it trusts and sends."""
+
+    base_url: str
+    token_file: str | None = None  # read at each call: a rotated token is picked up
+    ca_file: str | None = None
 
 
 class KubernetesReconciler(Remote):
@@ -57,8 +66,8 @@ class KubernetesReconciler(Remote):
         return f"KubernetesReconciler({self.base_url!r})"
 
     @classmethod
-    def for_upstream(cls, upstream: Upstream) -> KubernetesReconciler:
-        return cls(upstream.url, token_file=upstream.token_file, ca_file=upstream.ca_file)
+    def for_target(cls, target: KubernetesTarget) -> KubernetesReconciler:
+        return cls(target.base_url, token_file=target.token_file, ca_file=target.ca_file)
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         return self.answer(

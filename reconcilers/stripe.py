@@ -22,6 +22,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -31,7 +32,6 @@ import httpx
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
-from ctrlrun.upstreams import Upstream
 
 from .base import EffectFacts
 from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Params, Reader, Remote, Verdict, bearer
@@ -48,6 +48,18 @@ SETTLE_SECONDS = 60
 _CHARGE_PREFIXES = ("ch_", "py_")
 
 Page = tuple[list[dict[str, Any]], bool]  # the objects read, and whether the list is complete
+
+
+@dataclass(frozen=True)
+class StripeTarget:
+    """Where a Stripe reconciler asks, with which key, and how long a forwarded write may run."""
+
+    base_url: str = STRIPE_API
+    api_key_env: str | None = None  # the variable's name; its value is read when asked
+    ca_file: str | None = None
+    # The deadline of the forwarded write: Stripe may keep working on it that long, so an empty
+    # list proves nothing before then.
+    timeout: float = 30.0
 
 
 class StripeReconciler(Remote):
@@ -80,12 +92,12 @@ class StripeReconciler(Remote):
         return f"StripeReconciler({self.base_url!r})"
 
     @classmethod
-    def for_upstream(cls, upstream: Upstream) -> StripeReconciler:
+    def for_target(cls, target: StripeTarget) -> StripeReconciler:
         return cls(
-            upstream.url,
-            api_key_env=upstream.api_key_env,
-            ca_file=upstream.ca_file,
-            settle_after=max(SETTLE_SECONDS, upstream.timeout),
+            target.base_url,
+            api_key_env=target.api_key_env,
+            ca_file=target.ca_file,
+            settle_after=max(SETTLE_SECONDS, target.timeout),
         )
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:

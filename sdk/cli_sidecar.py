@@ -136,17 +136,17 @@ def reconcile(effect_key: str | None, policy_file: str | None, store_url: str | 
       ctrlrun reconcile refund:pi_123
       ctrlrun reconcile               # every ambiguous effect with a reconciler
     """
-    from ctrlrun.reconcilers import registry
+    from ctrlrun.proxy import registry
+    from ctrlrun.proxy.config_parse import load_policy, proxy_config
     from ctrlrun.reconcilers.sweep import sweep
 
-    from .config import load_policy
     from .control import Control
 
     policy = load_policy(policy_file)
     store = reader(store_url, policy_file)
     results = sweep(
         Control(policy, store),
-        registry.build(policy.proxy.upstreams),
+        registry.build(proxy_config(policy).upstreams),
         keys=[effect_key] if effect_key else None,
     )
     if not results:
@@ -175,12 +175,12 @@ def policy_check(file: str) -> None:
 
     Example: ctrlrun policy check ctrlrun.yaml
     """
-    from .policy import Policy
+    from ctrlrun.proxy.config_parse import load_policy, proxy_config
 
-    loaded = Policy.from_file(file)
+    loaded = load_policy(file)
     click.echo(
         f"{file}: ok ({loaded.schema}, {len(loaded.actions)} actions, "
-        f"{len(loaded.proxy.upstreams)} upstreams, mode {loaded.mode})"
+        f"{len(proxy_config(loaded).upstreams)} upstreams, mode {loaded.mode})"
     )
     for name in loaded.actions_without_effect():
         click.echo(f"warning: {name} has no effect: template; its writes cannot be deduplicated")

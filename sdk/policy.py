@@ -12,10 +12,12 @@ A policy file looks like::
           - when: {amount_lte: 5000}
             decision: allow
           - decision: approve
-    upstreams: {...}                  # v2: the proxy's upstreams (see policy_upstreams.py)
-    agents: {...}                     # v2: per-agent proxy credentials
+    upstreams: {...}                  # v2: the proxy's (parsed by ctrlrun.proxy.config_parse)
+    agents: {...}                     # v2: the proxy's
 
 Every load error is one ``PolicyError`` line: ``file:line: key.path: what is wrong``.
+The loader parses ``schema``, ``actions`` and ``mode``; the other sections belong to the rooms
+that pass their ``Section`` to ``from_file``/``from_yaml`` (see ``policy_sections.py``).
 """
 
 from __future__ import annotations
@@ -23,19 +25,18 @@ from __future__ import annotations
 import os
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from .action import canonical_bytes, sha256
 from .conditions import Condition, parse_conditions
 from .errors import PolicyError
-from .policy_upstreams import parse_proxy
+from .policy_sections import Section, SectionContext
 from .templates import Template, TemplateSyntaxError, parse_template
-from .upstreams import ProxyConfig
 from .yamlstrict import (
     Where,
     YamlList,
@@ -53,13 +54,14 @@ from .yamlstrict import (
 SCHEMA_V1 = "ctrlrun.policy/v1"
 SCHEMA_V2 = "ctrlrun.policy/v2"
 SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
-# Each key, and the first schema that has it.
+# The file format: every top-level key, and the first schema that has it. The loader parses
+# schema, actions and mode; a room parses its own sections (policy_sections.py).
 TOP_KEYS = {
     "schema": SCHEMA_V1,
     "actions": SCHEMA_V1,
     "mode": SCHEMA_V2,
-    "upstreams": SCHEMA_V2,
-    "agents": SCHEMA_V2,
+    "upstreams": SCHEMA_V2,  # the proxy's
+    "agents": SCHEMA_V2,  # the proxy's
 }
 ACTION_KEYS = {
     "decision": SCHEMA_V1,
@@ -68,12 +70,14 @@ ACTION_KEYS = {
     "resource": SCHEMA_V2,
     "window": SCHEMA_V2,
 }
+_OWN_KEYS = frozenset({"schema", "actions", "mode"})
 RULE_KEYS = ("when", "decision")
 MODES = ("enforce", "observe")
 _DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 Mode = Literal["enforce", "observe"]
+T = TypeVar("T")
 
 
 class Decision(StrEnum):
@@ -133,14 +137,21 @@ class Policy:
     policy_hash: str
     source: str
     path: Path | None = None
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    # The parsed value of each section the loader was given, by name (see ``section``).
+    sections: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str] | None = None) -> Policy:
+    def from_file(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        sections: Iterable[Section[Any]] = (),
+    ) -> Policy:
         """Load the policy at ``path``, else ``$CTRLRUN_CONFIG``, else ``./ctrlrun.yaml``.
 
         A missing or unreadable file, a ``$CTRLRUN_CONFIG`` that is set but blank, and any
         invalid content raise ``PolicyError`` with one line naming the file (and line).
+        ``sections`` are parsed too, and their values read back with ``section``.
         """
         from .config import policy_path
 
@@ -161,17 +172,21 @@ class Policy:
         except UnicodeDecodeError as exc:
             line = data.count(b"\n", 0, exc.start) + 1
             raise PolicyError(f"{source}:{line}: not valid UTF-8 (byte {exc.start})") from None
-        return cls._parse(text, source=source, path=Path(source).absolute())
+        return cls._parse(text, source=source, path=Path(source).absolute(), sections=sections)
 
     @classmethod
-    def from_yaml(cls, text: str, *, source: str = "<string>") -> Policy:
+    def from_yaml(
+        cls, text: str, *, source: str = "<string>", sections: Iterable[Section[Any]] = ()
+    ) -> Policy:
         """Parse a policy from YAML text; ``source`` names it in error messages."""
         if not isinstance(text, str):
             raise PolicyError(f"{source}: policy text must be a str, got {type(text).__name__}")
-        return cls._parse(text, source=source, path=None)
+        return cls._parse(text, source=source, path=None, sections=sections)
 
     @classmethod
-    def _parse(cls, text: str, *, source: str, path: Path | None) -> Policy:
+    def _parse(
+        cls, text: str, *, source: str, path: Path | None, sections: Iterable[Section[Any]]
+    ) -> Policy:
         doc = load(text, source=source)
         root = Where(source, "", getattr(doc, "line", 1))
         if doc is None:
@@ -185,7 +200,7 @@ class Policy:
         _check_versions(doc, root, TOP_KEYS, schema)
         actions = _actions(doc["actions"], root.key(doc, "actions"), schema)
         mode = cast(Mode, expect_choice(doc.get("mode", "enforce"), root.key(doc, "mode"), MODES))
-        proxy = parse_proxy(doc, root, actions)
+        parsed = _sections(doc, root, sections, SectionContext(schema, frozenset(actions)))
         check_plain(doc, root)  # floats, dates and odd YAML types that nothing above rejected
         return cls(
             actions=types.MappingProxyType(actions),
@@ -194,8 +209,17 @@ class Policy:
             policy_hash=sha256(canonical_bytes(plain(doc))),
             source=source,
             path=path,
-            proxy=proxy,
+            sections=types.MappingProxyType(parsed),
         )
+
+    def section(self, section: Section[T]) -> T:
+        """The parsed value of ``section``; it must have been given to the loader."""
+        if section.name not in self.sections:
+            raise LookupError(
+                f"the policy {self.source} was loaded without section {section.name!r}; "
+                "pass it to Policy.from_file(..., sections=...)"
+            )
+        return cast(T, self.sections[section.name])
 
     def evaluate(self, name: str, arguments: Mapping[str, Any]) -> Evaluation:
         """The policy's answer for action ``name`` with ``arguments``; an unknown action is
@@ -231,6 +255,22 @@ def _schema(doc: YamlMap, root: Where) -> str:
     if schema not in SCHEMAS:
         raise root.key(doc, "schema").error(f"unknown policy schema {show(schema)}, {expected}")
     return cast(str, schema)
+
+
+def _sections(
+    doc: YamlMap, root: Where, sections: Iterable[Section[Any]], context: SectionContext
+) -> dict[str, object]:
+    parsed: dict[str, object] = {}
+    for section in sections:
+        if section.name not in TOP_KEYS or section.name in _OWN_KEYS:
+            # A programming error, not a bad file: the format names every top-level key.
+            raise ValueError(f"{section!r} is not a top-level key that a room may parse")
+        if section.name in doc:
+            value = section.parse(doc[section.name], root.key(doc, section.name), context)
+        else:
+            value = section.empty
+        parsed[section.name] = value
+    return parsed
 
 
 def _check_versions(entry: YamlMap, where: Where, since: Mapping[str, str], schema: str) -> None:

@@ -29,12 +29,13 @@ from ctrlrun.errors import StoreError
 from ctrlrun.policy import Policy
 from ctrlrun.proxy import guard as guard_module
 from ctrlrun.proxy.addon import CtrlrunAddon
+from ctrlrun.proxy.config import Upstream
+from ctrlrun.proxy.config_parse import policy_from_yaml, proxy_config
 from ctrlrun.proxy.forward import Reply
 from ctrlrun.proxy.guard import Guard
 from ctrlrun.proxy.principal import Principals
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.testing import FakeKubernetes, FakeStripe
-from ctrlrun.upstreams import Upstream
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -219,7 +220,7 @@ def cycle(
     path: str = SCALE,
 ) -> http.HTTPFlow:
     """One flow through the addon's hooks, as mitmproxy would run them."""
-    upstreams = Policy.from_yaml(UNIT_POLICY).proxy.upstreams
+    upstreams = proxy_config(policy_from_yaml(UNIT_POLICY)).upstreams
     guard = Guard(control, forwarder, {"cluster": None})  # type: ignore[arg-type]
     addon = CtrlrunAddon(guard, upstreams, Principals("unit-agent", ()), {})
     body = b'{"spec":{"replicas":6}}' if method != "GET" else b""

@@ -13,9 +13,9 @@ import pytest
 
 from ctrlrun.proxy import h1
 from ctrlrun.proxy.classify import Transport
+from ctrlrun.proxy.config import Upstream
 from ctrlrun.proxy.forward import Forwarder
 from ctrlrun.testing import FakeStripe
-from ctrlrun.upstreams import Upstream
 
 AUTH = [("Authorization", "Bearer sk_test_fake123")]
 REFUND = b"payment_intent=pi_1&amount=100"

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctrlrun.proxy.config import Route, Upstream
 from ctrlrun.proxy.routes import (
     MAX_BODY,
     Invalid,
@@ -19,7 +20,6 @@ from ctrlrun.proxy.routes import (
     Unmapped,
     map_request,
 )
-from ctrlrun.upstreams import Route, Upstream
 
 STRIPE = Upstream(
     name="stripe",

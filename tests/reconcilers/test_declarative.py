@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.reconcilers import DeclarativeReconciler, EffectFacts
+from ctrlrun.reconcilers import Check, DeclarativeReconciler, DeclarativeTarget, EffectFacts
 from ctrlrun.reconcilers.declarative import holds, same
 from ctrlrun.testing import FakeServer, Request, Response
-from ctrlrun.upstreams import Route, RouteReconcile, Upstream
 
 
 class FakeBilling(FakeServer):
@@ -37,12 +36,12 @@ class FakeBilling(FakeServer):
         return Response.json(status, {"error": f"injected {status}"})
 
 
-SEND = RouteReconcile(
+SEND = Check(
     get="/v1/invoices/{invoice_id}",
     committed={"status": "sent", "id": "{invoice_id}"},
     not_executed={"status": "draft"},
 )
-REMIND = RouteReconcile(
+REMIND = Check(
     get="/v1/invoices/{invoice_id}",
     committed={"reminders.0.count": "{count}", "flags.reminded": True},
     not_executed={"flags.reminded": False},
@@ -55,20 +54,8 @@ def billing() -> Any:
         yield fake
 
 
-def upstream(url: str) -> Upstream:
-    return Upstream(
-        name="billing",
-        profile="http",
-        url=url,
-        scheme="http",
-        host="127.0.0.1",
-        port=int(url.rsplit(":", 1)[1]),
-        routes=(
-            Route("POST", "/v1/invoices/{invoice_id}/send", "billing.send_invoice", SEND),
-            Route("POST", "/v1/invoices/{invoice_id}/remind", "billing.remind", REMIND),
-            Route("POST", "/v1/invoices", "billing.create_invoice"),
-        ),
-    )
+def target(url: str) -> DeclarativeTarget:
+    return DeclarativeTarget(url, (("billing.send_invoice", SEND), ("billing.remind", REMIND)))
 
 
 def facts(action: str, arguments: dict[str, Any], **kw: Any) -> EffectFacts:
@@ -116,7 +103,7 @@ def test_answers(
 ) -> None:
     if invoice is not None:
         billing.invoices["in_1"] = invoice
-    reconciler = DeclarativeReconciler.for_upstream(upstream(billing.url))
+    reconciler = DeclarativeReconciler.for_target(target(billing.url))
     answer = reconciler(facts(action, {"invoice_id": "in_1", **arguments}))
     assert answer == expected
     assert {m for m, _ in billing.requests} <= {"GET"}
@@ -125,7 +112,7 @@ def test_answers(
 
 def test_path_values_are_quoted_and_missing_arguments_are_unknown(billing: FakeBilling) -> None:
     billing.invoices["in/1 x"] = {"id": "in/1 x", "status": "sent"}
-    reconciler = DeclarativeReconciler.for_upstream(upstream(billing.url))
+    reconciler = DeclarativeReconciler.for_target(target(billing.url))
     assert reconciler(facts("billing.send_invoice", {"invoice_id": "in/1 x"})) == "committed"
     assert reconciler(facts("billing.send_invoice", {})) == "unknown"
     assert billing.requests == [("GET", "/v1/invoices/in/1 x")]
@@ -133,7 +120,7 @@ def test_path_values_are_quoted_and_missing_arguments_are_unknown(billing: FakeB
 
 def test_the_request_authorization_is_forwarded(billing: FakeBilling) -> None:
     billing.invoices["in_1"] = {"id": "in_1", "status": "sent"}
-    reconciler = DeclarativeReconciler.for_upstream(upstream(billing.url))
+    reconciler = DeclarativeReconciler.for_target(target(billing.url))
     credentials = {"Authorization": "Bearer billing-agent"}
     args = {"invoice_id": "in_1"}
     answer = reconciler(facts("billing.send_invoice", args, credentials=credentials))
@@ -196,6 +183,6 @@ def test_holds(
 
 
 def test_a_bad_get_template_is_refused() -> None:
-    bad = RouteReconcile(get="/v1/{not closed", committed={"a": 1}, not_executed={"a": 2})
+    bad = Check(get="/v1/{not closed", committed={"a": 1}, not_executed={"a": 2})
     with pytest.raises(InvalidArgument, match=r"billing\.x"):
         DeclarativeReconciler("http://127.0.0.1:1", [("billing.x", bad)])

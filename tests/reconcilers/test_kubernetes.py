@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ctrlrun.reconcilers import EffectFacts, KubernetesReconciler
+from ctrlrun.reconcilers import EffectFacts, KubernetesReconciler, KubernetesTarget
 from ctrlrun.testing import FakeKubernetes
-from ctrlrun.upstreams import Upstream
 
 Seed = Callable[[FakeKubernetes], None]
 
@@ -222,22 +221,12 @@ def test_bearer_token(
     assert "explicit" not in repr(reconciler)
 
 
-def test_for_upstream_reads_the_token_file_at_call_time_and_verifies_tls(tmp_path: Path) -> None:
+def test_for_target_reads_the_token_file_at_call_time_and_verifies_tls(tmp_path: Path) -> None:
     with FakeKubernetes(tls=True) as fake:
         fake.add_deployment("default", "web", 4)
         token_file = tmp_path / "token"
-        upstream = Upstream(
-            name="prod-eu",
-            profile="kubernetes",
-            url=fake.url,
-            scheme="https",
-            host="127.0.0.1",
-            port=fake.port,
-            cluster="prod-eu",
-            ca_file=str(fake.ca_file),
-            token_file=str(token_file),
-        )
-        reconciler = KubernetesReconciler.for_upstream(upstream)
+        target = KubernetesTarget(fake.url, token_file=str(token_file), ca_file=str(fake.ca_file))
+        reconciler = KubernetesReconciler.for_target(target)
         token_file.write_text("written-after-start")
         args = {"cluster": "prod-eu", "deployment": "web", "replicas": 4}
         assert reconciler(facts("k8s.scale", args, credentials={})) == "committed"

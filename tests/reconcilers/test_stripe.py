@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from ctrlrun.context import idempotency_token_for
-from ctrlrun.reconcilers import EffectFacts, StripeReconciler
+from ctrlrun.reconcilers import EffectFacts, StripeReconciler, StripeTarget
 from ctrlrun.testing import FakeStripe
-from ctrlrun.upstreams import Upstream
 
 KEY = "sk_test_reconcilers"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -254,16 +253,8 @@ def test_credentials(
     else:
         monkeypatch.setenv("RECONCILER_TEST_STRIPE_KEY", env)
     pi = stripe_fake.add_payment_intent(status="canceled")
-    upstream = Upstream(
-        name="stripe",
-        profile="stripe",
-        url=stripe_fake.url,
-        scheme="http",
-        host="127.0.0.1",
-        port=stripe_fake.port,
-        api_key_env="RECONCILER_TEST_STRIPE_KEY",
-    )
-    reconciler = StripeReconciler.for_upstream(upstream)
+    target = StripeTarget(stripe_fake.url, api_key_env="RECONCILER_TEST_STRIPE_KEY")
+    reconciler = StripeReconciler.for_target(target)
     args = {"payment_intent": pi["id"]}
     answer = reconciler(facts("stripe.cancel_payment_intent", args, credentials=credentials))
     assert answer == expected
@@ -334,14 +325,9 @@ def test_nothing_found_too_early_is_unknown_not_not_executed(stripe_fake: FakeSt
     assert reconciler(facts("stripe.refund", args, attempt_started_at=earlier)) == "not_executed"
 
 
-def test_proxy_reconciler_waits_at_least_the_upstream_deadline() -> None:
-    up = Upstream(
-        name="s",
-        profile="stripe",
-        url="http://127.0.0.1:1",
-        scheme="http",
-        host="127.0.0.1",
-        port=1,
-        timeout=90.0,
-    )
-    assert StripeReconciler.for_upstream(up).settle_after == 90.0
+@pytest.mark.parametrize(("timeout", "settle"), [(90.0, 90.0), (30.0, 60.0)])
+def test_a_target_reconciler_waits_at_least_the_write_deadline(
+    timeout: float, settle: float
+) -> None:
+    target = StripeTarget("http://127.0.0.1:1", timeout=timeout)
+    assert StripeReconciler.for_target(target).settle_after == settle

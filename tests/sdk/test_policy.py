@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from ctrlrun.action import canonical_bytes, sha256
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Decision, Evaluation, Policy
-from ctrlrun.upstreams import ProxyConfig
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -125,7 +124,7 @@ def test_empty_actions_deny_everything() -> None:
     policy = Policy.from_yaml("schema: ctrlrun.policy/v1\nactions: {}\n")
     assert policy.evaluate("stripe.refund", {"amount": 1}) == Evaluation(DENY, "unknown_action")
     assert dict(policy.actions) == {}
-    assert policy.proxy == ProxyConfig()
+    assert dict(policy.sections) == {}
     assert policy.mode == "enforce"
     assert policy.schema == "ctrlrun.policy/v1"
 

@@ -1,8 +1,7 @@
-"""The ``upstreams:`` and ``agents:`` sections of a policy, as frozen values.
+"""The proxy's configuration: the ``upstreams:`` and ``agents:`` sections, as frozen values.
 
-The policy loader parses and validates these sections (closed key sets, errors naming file,
-line and key); the proxy interprets them. They live in the kernel because one file carries
-both the policy and the proxy's configuration.
+They sit in the policy file beside ``actions:``; ``config_parse`` parses and validates them
+(closed key sets, errors naming file, line and key) when it loads that file for the proxy.
 """
 
 from __future__ import annotations

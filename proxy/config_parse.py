@@ -1,32 +1,28 @@
 """The ``upstreams:`` and ``agents:`` sections of a policy file, parsed into frozen values.
 
-Every key set is closed and every error names file, line and key (see ``yamlstrict.Where``).
-Upstream hosts are stored lower case and, for IPv6 literals, without brackets; ``url`` is
-``scheme://host[:port]`` with the default port (443, 80) left out.
+The proxy hands these sections to the policy loader (``load_policy``, ``policy_from_yaml``)
+and reads them back with ``proxy_config``; a process that loads the policy without them
+(the SDK) leaves them unparsed. Every key set is closed and every error names file, line and
+key (see ``yamlstrict.Where``). Upstream hosts are stored lower case and, for IPv6 literals,
+without brackets; ``url`` is ``scheme://host[:port]`` with the default port (443, 80) left out.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Collection
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from .templates import TemplateSyntaxError, parse_template
-from .upstreams import (
-    AgentCredential,
-    Profile,
-    ProxyConfig,
-    ReconcileMode,
-    Route,
-    RouteReconcile,
-    Upstream,
-)
-from .yamlstrict import (
+from ctrlrun.config import policy_path
+from ctrlrun.policy import Policy
+from ctrlrun.policy_sections import Section, SectionContext
+from ctrlrun.templates import TemplateSyntaxError, parse_template
+from ctrlrun.yamlstrict import (
     Where,
     YamlList,
-    YamlMap,
     check_keys,
     check_plain,
     expect_choice,
@@ -34,6 +30,16 @@ from .yamlstrict import (
     expect_str,
     plain,
     show,
+)
+
+from .config import (
+    AgentCredential,
+    Profile,
+    ProxyConfig,
+    ReconcileMode,
+    Route,
+    RouteReconcile,
+    Upstream,
 )
 
 PROFILES = ("stripe", "kubernetes", "http")
@@ -57,17 +63,6 @@ _HOSTNAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PORT = re.compile(r"[0-9]{1,5}")
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
-
-
-def parse_proxy(doc: YamlMap, where: Where, actions: Collection[str]) -> ProxyConfig:
-    """The proxy configuration of a policy document (empty when it has neither section)."""
-    upstreams: tuple[Upstream, ...] = ()
-    agents: tuple[AgentCredential, ...] = ()
-    if "upstreams" in doc:
-        upstreams = parse_upstreams(doc["upstreams"], where.key(doc, "upstreams"), actions)
-    if "agents" in doc:
-        agents = parse_agents(doc["agents"], where.key(doc, "agents"))
-    return ProxyConfig(upstreams=upstreams, agents=agents)
 
 
 def parse_upstreams(value: Any, where: Where, actions: Collection[str]) -> tuple[Upstream, ...]:
@@ -302,3 +297,33 @@ def parse_agents(value: Any, where: Where) -> tuple[AgentCredential, ...]:
         owners[token_env] = name
         result.append(AgentCredential(name=name, token_env=token_env))
     return tuple(result)
+
+
+def _upstreams_section(value: Any, where: Where, context: SectionContext) -> tuple[Upstream, ...]:
+    return parse_upstreams(value, where, context.actions)
+
+
+def _agents_section(value: Any, where: Where, _: SectionContext) -> tuple[AgentCredential, ...]:
+    return parse_agents(value, where)
+
+
+UPSTREAMS: Section[tuple[Upstream, ...]] = Section("upstreams", _upstreams_section, empty=())
+AGENTS: Section[tuple[AgentCredential, ...]] = Section("agents", _agents_section, empty=())
+# Every section the proxy owns, in the order their errors are reported.
+SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS)
+
+
+def load_policy(path: str | os.PathLike[str] | None = None) -> Policy:
+    """The policy file (explicit path, ``$CTRLRUN_CONFIG``, ``./ctrlrun.yaml``) with the
+    proxy's sections parsed."""
+    return Policy.from_file(policy_path(path), sections=SECTIONS)
+
+
+def policy_from_yaml(text: str, *, source: str = "<string>") -> Policy:
+    """A policy from YAML text, with the proxy's sections parsed."""
+    return Policy.from_yaml(text, source=source, sections=SECTIONS)
+
+
+def proxy_config(policy: Policy) -> ProxyConfig:
+    """The proxy's configuration in ``policy``, which must have been loaded with SECTIONS."""
+    return ProxyConfig(upstreams=policy.section(UPSTREAMS), agents=policy.section(AGENTS))

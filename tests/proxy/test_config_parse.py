@@ -6,8 +6,16 @@ import pytest
 
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Policy
-from ctrlrun.policy_upstreams import parse_listen, parse_url
-from ctrlrun.upstreams import AgentCredential, ProxyConfig, Route, RouteReconcile, Upstream
+from ctrlrun.proxy.config import AgentCredential, ProxyConfig, Route, RouteReconcile, Upstream
+from ctrlrun.proxy.config_parse import (
+    AGENTS,
+    SECTIONS,
+    UPSTREAMS,
+    parse_listen,
+    parse_url,
+    policy_from_yaml,
+    proxy_config,
+)
 from ctrlrun.yamlstrict import Where
 
 HEAD = """\
@@ -62,7 +70,7 @@ agents:
 
 
 def test_full_example_parses_into_values() -> None:
-    proxy = Policy.from_yaml(FULL).proxy
+    proxy = proxy_config(policy_from_yaml(FULL))
     assert proxy == ProxyConfig(
         upstreams=(
             Upstream(
@@ -130,18 +138,36 @@ def test_full_example_parses_into_values() -> None:
 
 
 def test_defaults() -> None:
-    policy = Policy.from_yaml(HEAD + "upstreams:\n  s: {profile: stripe, url: 'https://s.test'}\n")
-    (upstream,) = policy.proxy.upstreams
+    policy = policy_from_yaml(HEAD + "upstreams:\n  s: {profile: stripe, url: 'https://s.test'}\n")
+    (upstream,) = policy.section(UPSTREAMS)
     assert upstream.timeout == 30.0
     assert upstream.reconcile == "eager"
     assert upstream.unmapped_writes == "deny"
     assert upstream.listen is None and upstream.cluster is None and upstream.routes == ()
-    assert policy.proxy.agents == ()
+    assert policy.section(AGENTS) == ()
 
 
 def test_no_sections_means_an_empty_proxy_config() -> None:
-    assert Policy.from_yaml(HEAD).proxy == ProxyConfig()
-    assert Policy.from_yaml(HEAD + "upstreams: {}\nagents: {}\n").proxy == ProxyConfig()
+    assert proxy_config(policy_from_yaml(HEAD)) == ProxyConfig()
+    assert proxy_config(policy_from_yaml(HEAD + "upstreams: {}\nagents: {}\n")) == ProxyConfig()
+
+
+def test_the_sdk_loads_the_same_file_without_reading_the_proxy_sections() -> None:
+    sdk = Policy.from_yaml(FULL)
+    proxy = policy_from_yaml(FULL)
+    assert sdk.actions.keys() == proxy.actions.keys()
+    assert sdk.policy_hash == proxy.policy_hash  # one file, one hash, whoever reads it
+    with pytest.raises(LookupError, match="without section 'upstreams'"):
+        proxy_config(sdk)
+    assert Policy.from_yaml(FULL, sections=SECTIONS).sections == proxy.sections
+
+
+def test_a_room_parses_only_top_level_keys_of_the_file_format() -> None:
+    from ctrlrun.policy_sections import Section
+
+    for name in ("actions", "mode", "egress-typo"):
+        with pytest.raises(ValueError, match="not a top-level key"):
+            Policy.from_yaml(HEAD, sections=(Section(name, lambda v, w, c: v, None),))
 
 
 @pytest.mark.parametrize(
@@ -410,7 +436,7 @@ ERRORS: list[tuple[str, str, int, tuple[str, ...]]] = [
 )
 def test_errors(tail: str, line: int, fragments: tuple[str, ...]) -> None:
     with pytest.raises(PolicyError) as info:
-        Policy.from_yaml(HEAD + tail, source="/etc/ctrlrun.yaml")
+        policy_from_yaml(HEAD + tail, source="/etc/ctrlrun.yaml")
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"/etc/ctrlrun.yaml:{line}: "), message
