@@ -1,69 +1,17 @@
-"""Apiserver errors, patch documents (merge, strategic merge, JSON patch) and selectors."""
+"""Patch documents: JSON merge patch, strategic merge patch (its scalar subset), JSON patch."""
 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any
+
+from .errors import ApiError, parse_json
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 PATCH_TYPES = (JSON_PATCH, MERGE, STRATEGIC)
-
-
-DEPLOYMENTS = ("apps", "deployments")
-NAMESPACES = ("", "namespaces")
-
-
-class ApiError(Exception):
-    """An apiserver refusal: HTTP ``code`` and a message for the ``Status`` body."""
-
-    def __init__(
-        self,
-        code: int,
-        message: str,
-        details: Mapping[str, Any] | None = None,
-        *,
-        reason: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.details = dict(details or {})
-        self.reason = reason
-
-
-DEPLOYMENTS = ("apps", "deployments")
-NAMESPACES = ("", "namespaces")
-
-
-def not_found(kind: tuple[str, str], name: str) -> ApiError:
-    group, plural = kind
-    resource = f"{plural}.{group}" if group else plural
-    return ApiError(404, f'{resource} "{name}" not found', details(kind, name))
-
-
-def conflict(kind: tuple[str, str], name: str, why: str) -> ApiError:
-    group, plural = kind
-    resource = f"{plural}.{group}" if group else plural
-    return ApiError(
-        409, f'Operation cannot be fulfilled on {resource} "{name}": {why}', details(kind, name)
-    )
-
-
-def details(kind: tuple[str, str], name: str) -> dict[str, str]:
-    group, plural = kind
-    return (
-        {"name": name, "group": group, "kind": plural} if group else {"name": name, "kind": plural}
-    )
-
-
-def parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body of the request could not be decoded: {exc}") from exc
 
 
 def apply_patch(target: Mapping[str, Any], content_type: str, body: bytes) -> dict[str, Any]:
@@ -157,24 +105,3 @@ def _set(node: Any, key: str, value: Any, *, insert: bool) -> None:
         node[key] = value
     else:
         raise ApiError(422, f"cannot set {key!r} on a scalar")
-
-
-def selector_matches(selector: str, fields: Mapping[str, str]) -> bool:
-    """Equality selectors (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``), comma-separated, ANDed."""
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if "!=" in term:
-            key, value = (p.strip() for p in term.split("!=", 1))
-            if fields.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (p.strip() for p in term.replace("==", "=").split("=", 1))
-            if fields.get(key) != value:
-                return False
-        elif " in " in term or " notin " in term or "(" in term:
-            raise ApiError(400, f"set-based selectors are not supported by the fake: {term!r}")
-        elif term.startswith("!"):
-            if term[1:] in fields:
-                return False
-        elif term not in fields:
-            return False
-    return True

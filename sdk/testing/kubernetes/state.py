@@ -10,6 +10,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .errors import DEPLOYMENTS, NAMESPACES, ApiError, conflict, details, not_found
 from .objects import (
     IMMORTAL_NAMESPACES,
     Obj,
@@ -19,16 +20,8 @@ from .objects import (
     scale_of,
     timestamp,
 )
-from .patch import (
-    DEPLOYMENTS,
-    NAMESPACES,
-    ApiError,
-    apply_patch,
-    conflict,
-    details,
-    not_found,
-    selector_matches,
-)
+from .patch import apply_patch
+from .selectors import selector_matches
 
 STALE = (
     "the object has been modified; please apply your changes to the latest version and try again"

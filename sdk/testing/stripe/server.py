@@ -9,39 +9,20 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from ..messages import Request, Response
 from ..server import FakeServer
+from .idempotency import Idempotency, fingerprint, idempotency_key
 from .objects import API_VERSION
+from .routes import Routes
 from .state import StripeState
-from .wire import (
-    Params,
-    StripeError,
-    StripeObject,
-    injected_error,
-    new_id,
-    parse_form,
-)
+from .wire import StripeError, StripeObject, injected_error, new_id, parse_form
 
-IDEMPOTENCY_TTL = 24 * 3600
 _KEY = re.compile(r"sk_test_[A-Za-z0-9_]+")
-_ID = r"([A-Za-z0-9_]+)"
-_REFUND_FILTERS = ("payment_intent", "charge")
-_CHARGE_FILTERS = ("customer", "payment_intent")
-
-
-@dataclass(frozen=True)
-class _Stored:
-    fingerprint: str
-    status: int
-    body: bytes
-    at: float
 
 
 class FakeStripe(FakeServer):
@@ -58,30 +39,8 @@ class FakeStripe(FakeServer):
     ) -> None:
         super().__init__(host, port, tls=tls, hang_seconds=hang_seconds)
         self._state = StripeState(clock)
-        self._idempotency: dict[str, _Stored] = {}
-        st = self._state
-        routes: list[tuple[str, str, Callable[..., StripeObject]]] = [
-            ("POST", r"/v1/refunds", lambda p, o: st.create_refund(p, o)),
-            ("GET", r"/v1/refunds", lambda p, o: st.list_of("refund", p, _REFUND_FILTERS)),
-            ("GET", rf"/v1/refunds/{_ID}", lambda p, o, i: st.get("refund", i)),
-            ("GET", r"/v1/events", lambda p, o: st.list_events(p)),
-            ("GET", rf"/v1/events/{_ID}", lambda p, o, i: st.get("event", i)),
-            ("GET", rf"/v1/payment_intents/{_ID}", lambda p, o, i: st.get("payment_intent", i)),
-            (
-                "POST",
-                rf"/v1/payment_intents/{_ID}/cancel",
-                lambda p, o, i: st.cancel_payment_intent(i, p, o),
-            ),
-            ("POST", r"/v1/payouts", lambda p, o: st.create_payout(p, o)),
-            ("GET", r"/v1/payouts", lambda p, o: st.list_of("payout", p, ("status",))),
-            ("GET", rf"/v1/payouts/{_ID}", lambda p, o, i: st.get("payout", i)),
-            ("POST", r"/v1/charges", lambda p, o: st.create_charge(p, o)),
-            ("GET", r"/v1/charges", lambda p, o: st.list_of("charge", p, _CHARGE_FILTERS)),
-            ("GET", rf"/v1/charges/{_ID}", lambda p, o, i: st.get("charge", i)),
-            ("GET", rf"/v1/customers/{_ID}", lambda p, o, i: st.get("customer", i)),
-            ("DELETE", rf"/v1/customers/{_ID}", lambda p, o, i: st.delete_customer(i, o)),
-        ]
-        self._routes = [(m, re.compile(rx), fn) for m, rx, fn in routes]
+        self._idempotency = Idempotency(clock)
+        self._routes = Routes(self._state)
 
     # -- seeding and inspection (any thread) -------------------------------------------------
 
@@ -192,40 +151,25 @@ class FakeStripe(FakeServer):
 
     def handle(self, request: Request) -> Response:
         request_id = new_id("req_")
-        key = request.header("idempotency-key") if request.method == "POST" else ""
+        key = idempotency_key(request)
         params = parse_form(request.query if request.method == "GET" else _form(request))
-        fingerprint = _fingerprint(request, params)
+        same = fingerprint(request, params)
         with self._lock:
-            stored = self._stored(key)
-            if stored is not None:
-                if stored.fingerprint != fingerprint:
-                    return _error(
-                        StripeError(
-                            400,
-                            "Keys for idempotent requests can only be used with the same "
-                            f"parameters they were first used with. Try using a key other than "
-                            f"'{key}' if you meant to execute a different request.",
-                            error_type="idempotency_error",
-                        )
-                    )
-                return Response(
-                    stored.status,
-                    stored.body,
-                    {"Content-Type": "application/json", "Idempotent-Replayed": "true"},
-                )
+            replay = self._idempotency.replay(key, same)
+            if replay is not None:
+                return replay
+            origin = {"id": request_id, "idempotency_key": key or None}
             try:
-                obj = self._route(
-                    request, params, {"id": request_id, "idempotency_key": key or None}
-                )
+                obj = self._routes.call(request, params, origin)
             except StripeError as exc:
                 response = _error(exc)
                 if exc.stored:
-                    self._store(key, fingerprint, response)
+                    self._idempotency.store(key, same, response)
             else:
                 response = Response.json(200, obj)
                 if request.is_write:
                     self._applied()
-                self._store(key, fingerprint, response)
+                self._idempotency.store(key, same, response)
         response.headers["Request-Id"] = request_id
         return response
 
@@ -233,15 +177,15 @@ class FakeStripe(FakeServer):
         self, request: Request, status: int, *, applied: Response | None
     ) -> Response:
         response = _error(injected_error(status))
-        key = request.header("idempotency-key") if request.method == "POST" else ""
+        key = idempotency_key(request)
         replayed = applied is not None and "Idempotent-Replayed" in applied.headers
         # Stripe stores whatever the endpoint answered once it began executing, 5xx included;
         # 400/404/408/409/429 here stand for refusals in front of the idempotency layer.
         if key and not replayed and (status >= 500 or status in (402, 424)):
             with self._lock:
-                if applied is not None or self._stored(key) is None:
-                    fingerprint = _fingerprint(request, parse_form(_form(request)))
-                    self._store(key, fingerprint, response)
+                if applied is not None or not self._idempotency.has(key):
+                    same = fingerprint(request, parse_form(_form(request)))
+                    self._idempotency.store(key, same, response)
         return response
 
     def finalize(self, request: Request, response: Response) -> Response:
@@ -251,43 +195,12 @@ class FakeStripe(FakeServer):
         )
         return response
 
-    def _stored(self, key: str) -> _Stored | None:
-        stored = self._idempotency.get(key) if key else None
-        if stored is not None and self._state.clock() - stored.at > IDEMPOTENCY_TTL:
-            return None
-        return stored
-
-    def _store(self, key: str, fingerprint: str, response: Response) -> None:
-        if key:
-            self._idempotency[key] = _Stored(
-                fingerprint, response.status, response.body, self._state.clock()
-            )
-
-    def _route(
-        self, request: Request, params: Params, origin: dict[str, str | None]
-    ) -> StripeObject:
-        for method, pattern, handler in self._routes:
-            match = pattern.fullmatch(request.path)
-            if match and method == request.method:
-                return copy.deepcopy(handler(params, origin, *match.groups()))
-        raise StripeError(
-            404,
-            f"Unrecognized request URL ({request.method}: {request.path}). "
-            "Please see https://stripe.com/docs or we can help at "
-            "https://support.stripe.com/.",
-        )
-
 
 def _form(request: Request) -> list[tuple[str, str]]:
     try:
         return parse_qsl(request.body.decode(), keep_blank_values=True)
     except UnicodeDecodeError:
         return []
-
-
-def _fingerprint(request: Request, params: Params) -> str:
-    """What "the same request" means for an idempotency key: endpoint and parameters."""
-    return json.dumps([request.method, request.path, params], sort_keys=True)
 
 
 def _error(exc: StripeError) -> Response:

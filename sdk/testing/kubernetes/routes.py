@@ -1,0 +1,78 @@
+"""The REST paths the fake apiserver serves: which resource a path names, and its parts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..messages import Request
+from .errors import parse_json
+
+_NAME = "([^/]+)"
+PATHS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(rx))
+    for kind, rx in [
+        ("namespaces", r"/api/v1/namespaces"),
+        ("namespace", rf"/api/v1/namespaces/{_NAME}"),
+        ("all_deployments", r"/apis/apps/v1/deployments"),
+        ("deployments", rf"/apis/apps/v1/namespaces/{_NAME}/deployments"),
+        ("deployment", rf"/apis/apps/v1/namespaces/{_NAME}/deployments/{_NAME}"),
+        ("scale", rf"/apis/apps/v1/namespaces/{_NAME}/deployments/{_NAME}/scale"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A request routed to a resource: its kind, and the namespace and name in its path."""
+
+    kind: str
+    namespace: str
+    name: str
+    request: Request
+    query: Mapping[str, str]
+
+    @property
+    def dry_run(self) -> bool:
+        return is_dry_run(self.query)
+
+    @property
+    def content_type(self) -> str:
+        return self.request.header("content-type")
+
+    @property
+    def body(self) -> bytes:
+        return self.request.body
+
+    @property
+    def as_table(self) -> bool:
+        """The client asked for a server-side Table (what kubectl get prints)."""
+        return "as=Table" in self.request.header("accept")
+
+    def json(self) -> Any:
+        return parse_json(self.request.body)
+
+    def options(self) -> dict[str, Any]:
+        """The body of a DELETE: ``DeleteOptions`` (preconditions), or nothing."""
+        options = self.json()
+        return options if isinstance(options, dict) else {}
+
+
+def is_dry_run(query: Mapping[str, str]) -> bool:
+    return query.get("dryRun") == "All"
+
+
+def route(request: Request) -> Call | None:
+    """The call ``request`` makes on a resource; None when the fake serves no such path."""
+    path = request.path.rstrip("/") or "/"
+    for kind, pattern in PATHS:
+        match = pattern.fullmatch(path)
+        if match is None:
+            continue
+        namespace, name = [*match.groups(), "", ""][:2]
+        if kind == "namespace":  # /api/v1/namespaces/{name}: the one group is the name
+            namespace, name = "", namespace
+        return Call(kind, namespace, name, request, dict(request.query))
+    return None
