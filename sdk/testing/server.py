@@ -16,6 +16,8 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypeVar
 
+from ctrlrun.errors import MissingDependency
+
 from .connection import Abort, Answer, serve
 from .failures import MAX_HANG_SECONDS, Failures, ReadMode, WriteMode
 from .listener import Listener
@@ -49,10 +51,8 @@ class FakeServer:
         self._writes_applied = 0
         self._failures = Failures()
         self._ca: FakeCA | None = None
-        if tls:  # lazily: the CA library is only needed for TLS
-            from .tls import fake_ca
-
-            self._ca = fake_ca()
+        if tls:
+            self._ca = _test_ca()
         self._listener = Listener(type(self).__name__, partial(serve, respond=self._answer))
 
     # -- what a fake implements -------------------------------------------------------------
@@ -223,3 +223,12 @@ class FakeServer:
                 "%s: handler failed for %s %s", type(self).__name__, request.method, request.path
             )
             return self.error_response(request, 500, applied=None)
+
+
+def _test_ca() -> FakeCA:
+    """The shared test CA, imported only for TLS: mitmproxy (the ``proxy`` extra) makes it."""
+    try:
+        from .tls import fake_ca
+    except ImportError as exc:
+        raise MissingDependency("mitmproxy", "proxy") from exc
+    return fake_ca()

@@ -54,3 +54,19 @@ def test_plain_http_fakes_need_no_proxy_extra() -> None:
         "from ctrlrun.testing import FakeStripe\nwith FakeStripe() as f:\n    assert f.url\n"
     )
     assert "h11" in loaded and "mitmproxy" not in top(loaded)
+
+
+def test_tls_without_the_proxy_extra_names_the_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['mitmproxy'] = None  # as if the proxy extra were not installed\n"
+        "from ctrlrun.errors import MissingDependency\n"
+        "from ctrlrun.testing import FakeStripe\n"
+        "try:\n"
+        "    FakeStripe(tls=True)\n"
+        "except MissingDependency as exc:\n"
+        "    assert \"pip install 'ctrlrun[proxy]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('no MissingDependency')\n"
+    )
+    modules_after(code)
