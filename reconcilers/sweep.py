@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ctrlrun import ledger
+from ctrlrun import checks, ledger
 from ctrlrun.action import parse_iso
 from ctrlrun.control import Control
 from ctrlrun.reconcile import ReconcileOutcome
@@ -42,38 +42,51 @@ def sweep(
     *,
     keys: list[str] | None = None,
     limit: int = 100,
+    ask_now: bool = False,
 ) -> list[tuple[str, str]]:
-    """Ask the upstream's reconciler about each ambiguous effect; returns (key, answer) pairs.
+    """Ask the upstreams' reconcilers about ambiguous effects; returns (key, answer) pairs.
 
+    By default (the proxy, every interval) only effects that are due are asked about, never
+    asked first and then soonest due, at most ``limit``; each ask is claimed on the ledger
+    first, so two sidecars never ask about one effect in the same slot (``ctrlrun.checks``).
+    ``keys`` or ``ask_now`` is a human asking: those effects, or every ambiguous one, now.
     Effects whose upstream has no reconciler here are left alone (and not reported).
     """
     expired = control.reconciler.expire_leases()
     for key in expired:
         log.info("lease of %s expired with no outcome: ambiguous", key)
+    mine = {name for name, reconciler in reconcilers.items() if reconciler is not None}
+    rows: list[Mapping[str, Any]]
     with control.store.reading() as conn:
         if keys:
             rows = [r for k in keys if (r := ledger.get_effect_row(conn, k)) is not None]
+        elif ask_now:
+            rows = checks.ambiguous(conn, mine, limit)
         else:
-            rows = [
-                ledger.get_effect_row(conn, rec.effect_key) or {}
-                for rec in ledger.list_effects(conn, EffectState.AMBIGUOUS, limit)
-            ]
+            rows = checks.due(conn, control.clock(), mine, limit)
     results: list[tuple[str, str]] = []
     for row in rows:
-        if not row or row["state"] != EffectState.AMBIGUOUS.value:
-            if row:
-                results.append((row["effect_key"], f"not ambiguous ({row['state']})"))
-            continue
-        reconciler = reconcilers.get(row["upstream"] or "")
-        if reconciler is None:
-            if keys:
-                results.append((row["effect_key"], "no reconciler for this effect"))
-            continue
-        answer = control.reconciler.run(
-            row["effect_key"], _ask(reconciler, facts_for(row)), trigger="sweep"
-        )
-        results.append((row["effect_key"], answer))
+        answer = _check(control, reconcilers, row, named=bool(keys), now=bool(keys) or ask_now)
+        if answer is not None:
+            results.append((row["effect_key"], answer))
     return results
+
+
+def _check(
+    control: Control,
+    reconcilers: Mapping[str, ProxyReconciler | None],
+    row: Mapping[str, Any],
+    *,
+    named: bool,
+    now: bool,
+) -> str | None:
+    if row["state"] != EffectState.AMBIGUOUS.value:
+        return f"not ambiguous ({row['state']})"
+    reconciler = reconcilers.get(row["upstream"] or "")
+    if reconciler is None:
+        return "no reconciler for this effect" if named else None
+    hook = _ask(reconciler, facts_for(row))
+    return control.reconciler.check(row, hook, trigger="sweep", force=now)
 
 
 def _ask(reconciler: ProxyReconciler, facts: EffectFacts) -> Callable[[str], ReconcileOutcome]:

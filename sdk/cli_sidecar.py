@@ -148,6 +148,7 @@ def reconcile(effect_key: str | None, policy_file: str | None, store_url: str | 
         Control(policy, store),
         registry.build(proxy_config(policy).upstreams),
         keys=[effect_key] if effect_key else None,
+        ask_now=True,
     )
     if not results:
         click.echo(

@@ -2,40 +2,69 @@
 
 A record moves only the way the answer points: ``committed`` -> COMMITTED, ``not_executed``
 -> FAILED, ``unknown`` (or a hook that raises or returns garbage) -> unchanged.
+
+Every ask is counted on the record and pushes its next scheduled check back (``checks.py``).
+An attempt's own asks (eager, blocking, a replay) record every answer; the sweep's asks record
+an answer only when it differs from the last one recorded, so an effect whose remote keeps
+answering ``unknown`` writes its events once, not once a sweep.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import ledger
 from .action import iso
+from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
 from .errors import EffectKeyError, InvalidArgument
 from .events import EventType
 from .states import EffectState
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from .store import StateStore
 
 log = logging.getLogger("ctrlrun")
 ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 ReconcileHook = Callable[[str], ReconcileOutcome]
 ANSWERS = ("committed", "not_executed", "unknown")
+_AMBIGUOUS = EffectState.AMBIGUOUS.value
 
 
 class NotAmbiguous(EffectKeyError):
     """``resolve`` was asked about a record that is not ambiguous (or does not exist)."""
 
 
+def judge(raw: Any, error: BaseException | None = None) -> tuple[str, dict[str, Any]]:
+    """A hook's return value (or exception) as an answer and the data its event records."""
+    if error is not None:
+        detail = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+        return "unknown", {"outcome": "unknown", "reason": "raised", "error": detail}
+    if isinstance(raw, str) and raw in ANSWERS:
+        return raw, {"outcome": raw}
+    return "unknown", {"outcome": "unknown", "reason": "invalid_return", "error": repr(raw)[:200]}
+
+
 class Reconciler:
     """Asks hooks and records their answers on one ledger."""
 
-    def __init__(self, store: StateStore, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Callable[[], datetime],
+        *,
+        backoff: Backoff = BACKOFF,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.backoff = backoff
+        self.rand = rand
 
     def run(self, effect_key: str, hook: Callable[[str], Any], *, trigger: str) -> str:
         """Ask ``hook`` about ``effect_key`` once and apply its answer. Returns the answer."""
@@ -60,40 +89,102 @@ class Reconciler:
 
     def settle(self, effect_key: str, raw: Any, *, error: BaseException | None = None) -> str:
         """Record a hook's answer (or its exception) and move the record if it points a way."""
-        data: dict[str, Any]
-        if error is not None:
-            log.warning("reconcile hook for %s raised %s", effect_key, type(error).__name__)
-            answer = "unknown"
-            data = {
-                "outcome": answer,
-                "reason": "raised",
-                "error": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500],
-            }
-        elif isinstance(raw, str) and raw in ANSWERS:
-            answer = raw
-            data = {"outcome": answer}
-        else:
-            log.warning("reconcile hook for %s returned %r", effect_key, raw)
-            answer = "unknown"
-            data = {"outcome": answer, "reason": "invalid_return", "error": repr(raw)[:200]}
+        answer, data = judge(raw, error)
+        if answer != raw:
+            log.warning("reconcile hook for %s: %s", effect_key, data.get("error"))
         now = self.clock()
         with self.store.transaction() as conn:
-            record = ledger.get_effect(conn, effect_key)
+            row = ledger.get_effect_row(conn, effect_key)
             ledger.append_event(
                 conn,
                 now,
                 EventType.RECONCILIATION_RESOLVED,
-                action_id=record.action_id if record else None,
+                action_id=row["action_id"] if row else None,
                 effect_key=effect_key,
                 data=data,
             )
-            if answer != "unknown" and record is not None and record.state is EffectState.AMBIGUOUS:
-                new = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
-                if not self._move(conn, record, new, now, "reconcile", "reconcile"):
-                    # Another sidecar settled it between our read and our write: theirs stands.
-                    log.info("reconciled %s: already settled by someone else", effect_key)
+            if row is not None and row["state"] == _AMBIGUOUS:
+                # An attempt's own ask counts too: the sweep waits its turn after it.
+                claim(conn, row, self._next_check(row, now), force=True)
+                self._apply(conn, row, answer, answer_label(data), now)
         log.info("reconciled %s: %s", effect_key, answer)
         return answer
+
+    def check(
+        self, row: Mapping[str, Any], hook: Callable[[str], Any], *, trigger: str, force: bool
+    ) -> str | None:
+        """A sweep's ask about one ambiguous record: claim its check, ask, record any change.
+
+        None when another sidecar claimed this check first or the record moved. ``force`` (a
+        human asking now) claims whatever the schedule says and records even a repeated answer.
+        """
+        key = row["effect_key"]
+        claimed_at = self.clock()
+        with self.store.transaction() as conn:
+            if not claim(conn, row, self._next_check(row, claimed_at), force=force):
+                log.debug("check of %s: claimed elsewhere, or the record moved", key)
+                return None
+        try:
+            answer, data = judge(hook(key))
+        except Exception as exc:
+            answer, data = judge(None, exc)
+        asked = schedule_of(row).checks + 1
+        started = {"effect_key": key, "trigger": trigger, "check": asked}
+        recorded = self._record_check(row, claimed_at, started, answer, data, always=force)
+        if not recorded:  # the same as last time: one line a change, not one a sweep
+            log.debug("checked %s: %s (unchanged, check %d)", key, answer, asked)
+        elif data.get("error"):
+            log.warning("reconcile hook for %s: %s", key, data["error"])
+        else:
+            log.info("checked %s: %s", key, answer)
+        return answer
+
+    def _record_check(
+        self,
+        row: Mapping[str, Any],
+        claimed_at: datetime,
+        started: dict[str, Any],
+        answer: str,
+        data: dict[str, Any],
+        *,
+        always: bool,
+    ) -> bool:
+        """Write a check's events unless it only repeats the last answer; True if written."""
+        label = answer_label(data)
+        now = self.clock()
+        with self.store.transaction() as conn:
+            current = ledger.get_effect_row(conn, row["effect_key"])
+            same = current is not None and _same_attempt(current, row)
+            if current is not None and same and not always and schedule_of(current).answer == label:
+                return False
+            events = [
+                (claimed_at, EventType.RECONCILIATION_STARTED, started),
+                (now, EventType.RECONCILIATION_RESOLVED, data),
+            ]
+            ledger.append_events(
+                conn,
+                [
+                    ledger.event_row(ts, type_, row["action_id"], row["effect_key"], data=d)
+                    for ts, type_, d in events
+                ],
+            )
+            if same:  # else the answer is about an attempt that is no longer ambiguous
+                self._apply(conn, row, answer, label, now)
+        return True
+
+    def _apply(
+        self, conn: Connection, row: Mapping[str, Any], answer: str, label: str, now: datetime
+    ) -> None:
+        remember(conn, row, label)
+        if answer == "unknown":
+            return
+        new = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
+        if not self._move(conn, row, new, now, "reconcile", "reconcile"):
+            # Another sidecar settled it between our read and our write: theirs stands.
+            log.info("reconciled %s: already settled by someone else", row["effect_key"])
+
+    def _next_check(self, row: Mapping[str, Any], now: datetime) -> datetime:
+        return now + self.backoff.delay(schedule_of(row).checks + 1, self.rand())
 
     def resolve(self, effect_key: str, state: str, *, resolved_by: str) -> None:
         """A human's answer: move an AMBIGUOUS record to ``committed`` or ``failed``."""
@@ -101,12 +192,12 @@ class Reconciler:
             raise InvalidArgument("resolve to 'committed' or 'failed'")
         now = self.clock()
         with self.store.transaction() as conn:
-            record = ledger.get_effect(conn, effect_key)
-            if record is None:
+            row = ledger.get_effect_row(conn, effect_key)
+            if row is None:
                 raise NotAmbiguous(f"nobody reserved {effect_key!r}")
-            if record.state is not EffectState.AMBIGUOUS:
-                raise NotAmbiguous(f"{effect_key!r} is not ambiguous (it is {record.state.value})")
-            if not self._move(conn, record, EffectState(state), now, resolved_by, "human"):
+            if row["state"] != _AMBIGUOUS:
+                raise NotAmbiguous(f"{effect_key!r} is not ambiguous (it is {row['state']})")
+            if not self._move(conn, row, EffectState(state), now, resolved_by, "human"):
                 raise NotAmbiguous(f"{effect_key!r} was resolved by someone else first")
 
     def expire_leases(self, limit: int = 1000) -> list[str]:
@@ -125,17 +216,26 @@ class Reconciler:
         return moved
 
     @staticmethod
-    def _move(conn: Any, record: Any, new: EffectState, now: datetime, by: str, kind: str) -> bool:
-        values = {"updated_at": iso(now), "resolved_by": by}
+    def _move(
+        conn: Connection,
+        row: Mapping[str, Any],
+        new: EffectState,
+        now: datetime,
+        by: str,
+        kind: str,
+    ) -> bool:
+        # The schedule's slot goes with the ambiguity; the count and last answer stay, for the
+        # record (``check_attempt`` says which attempt they were about).
+        values = {"updated_at": iso(now), "resolved_by": by, "next_check_at": None}
         if new is EffectState.COMMITTED:
             values["committed_at"] = iso(now)
         if not ledger.move_effect(
             conn,
-            record.effect_key,
+            row["effect_key"],
             old=EffectState.AMBIGUOUS,
             new=new,
-            action_id=record.action_id,
-            attempt=record.attempt,
+            action_id=row["action_id"],
+            attempt=row["attempt"],
             values=values,
         ):
             return False
@@ -143,8 +243,14 @@ class Reconciler:
             conn,
             now,
             EventType.EFFECT_RESOLVED,
-            action_id=record.action_id,
-            effect_key=record.effect_key,
+            action_id=row["action_id"],
+            effect_key=row["effect_key"],
             data={"state": new.value, "resolved_by": kind, "resolver": by},
         )
         return True
+
+
+def _same_attempt(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a["state"] == _AMBIGUOUS and all(
+        a[k] == b[k] for k in ("effect_key", "action_id", "attempt")
+    )

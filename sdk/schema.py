@@ -30,8 +30,24 @@ effects = Table(
     Column("updated_at", String(32), nullable=False),
     Column("attempt_started_at", String(32)),
     Column("committed_at", String(32)),
+    # Revision 0004: the schedule of asks about an AMBIGUOUS attempt (reconcile.py, checks.py).
+    # They describe attempt ``check_attempt`` only; NULL everywhere: never asked by this code.
+    Column("next_check_at", String(32)),  # when the sweep asks next; NULL: as soon as it can
+    Column("checks", Integer),  # how many times the remote was asked about that attempt
+    Column("check_answer", String(40)),  # the last answer recorded, e.g. "unknown:raised"
+    Column("check_attempt", Integer),
 )
 Index("effects_by_state", effects.c.state, effects.c.updated_at)
+# The ambiguous effects a sweep asks about, soonest due first. As with TIMELINE, queries must
+# use this very condition (a literal, not a parameter) for the planner to use the index.
+AMBIGUOUS = text("state = 'ambiguous'")
+Index(
+    "effects_checks_due",
+    effects.c.next_check_at,
+    effects.c.updated_at,
+    postgresql_where=AMBIGUOUS,
+    sqlite_where=AMBIGUOUS,
+)
 
 events = Table(
     "events",

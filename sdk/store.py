@@ -25,8 +25,8 @@ from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreErr
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0003"
-KNOWN_REVISIONS = ("0001", "0002", "0003")
+HEAD_REVISION = "0004"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 
@@ -123,8 +123,10 @@ class StateStore:
                     )
                 if revision is None and inspect(conn).has_table("effects"):
                     raise SchemaMismatch(f"ledger at {self.location} is not a ctrlrun ledger")
-                if not create:
+                if not create and revision is None:
                     raise NoLedger(f"no ctrlrun ledger at {self.location}")
+                # An older ledger is upgraded by whoever opens it first, a reader too: the
+                # migrations are additive, and this code cannot read the older schema.
                 _migrate(conn)
                 conn.commit()
         except SQLAlchemyError as exc:
