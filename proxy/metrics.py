@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ctrlrun import ledger
+from ctrlrun import checks, ledger
+from ctrlrun.action import utc_now
 from ctrlrun.states import EffectState
 from ctrlrun.store import StateStore
+
+STALE = timedelta(hours=1)  # ambiguous for longer than this: a human should look
 
 
 class Metrics:
@@ -41,6 +46,11 @@ class Metrics:
             "Effects whose outcome is unknown",
             registry=self.registry,
         )
+        self.ambiguous_stale = Gauge(
+            "ctrlrun_ambiguous_effects_older_than_1h",
+            "Effects ambiguous for more than an hour",
+            registry=self.registry,
+        )
 
     def render(self, store: StateStore) -> bytes:
         """The exposition text; effect gauges are read from the ledger now (blocking)."""
@@ -54,4 +64,14 @@ class Metrics:
             if state is not EffectState.NEW:
                 self.effects.labels(state.value).set(counts.get(state.value, 0))
         self.ambiguous_open.set(counts.get(EffectState.AMBIGUOUS.value, 0))
+        self._count_stale(store)
         return generate_latest(self.registry)
+
+    def _count_stale(self, store: StateStore) -> None:
+        # One range count on the (state, updated_at) index, not a read of every effect.
+        try:
+            with store.reading() as conn:
+                stale = checks.count_ambiguous_before(conn, utc_now() - STALE)
+        except Exception:  # a ledger that does not answer: the counts above already say so
+            return
+        self.ambiguous_stale.set(stale)
