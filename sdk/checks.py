@@ -13,7 +13,7 @@ asks about an effect per slot. A human asking (``ctrlrun reconcile``) claims wit
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +41,7 @@ class Backoff:
 
 
 BACKOFF = Backoff()
+SCHEDULE_COLUMNS = ("next_check_at", "checks", "check_answer", "check_attempt")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,16 @@ def claim(conn: Connection, row: Mapping[str, Any], next_at: datetime, *, force:
 def remember(conn: Connection, row: Mapping[str, Any], label: str) -> None:
     """Record ``label`` as the last answer about ``row``'s attempt (while still ambiguous)."""
     conn.execute(update(E).where(_same_attempt(row)).values(check_answer=label))
+
+
+def schedules(conn: Connection, keys: Sequence[str]) -> dict[str, Schedule]:
+    """The check schedules of these records' current attempts, by effect key."""
+    found: dict[str, Schedule] = {}
+    columns = [E.c[n] for n in ("effect_key", "attempt", *SCHEDULE_COLUMNS)]
+    for i in range(0, len(keys), 500):  # a bounded IN list on either engine
+        stmt = select(*columns).where(E.c.effect_key.in_(keys[i : i + 500]))
+        found |= {row.effect_key: schedule_of(dict(row._mapping)) for row in conn.execute(stmt)}
+    return found
 
 
 def count_ambiguous_before(conn: Connection, cutoff: datetime) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from . import ledger
+from .checks import Schedule
 from .receipts import Receipt, receipt_for_action
 from .schema import TIMELINE, events, receipts
 from .states import EffectRecord, EffectState
@@ -92,7 +93,7 @@ def event_json(e: TimelineEvent) -> dict[str, Any]:
     }
 
 
-def effect_line(rec: EffectRecord, now: Any) -> str:
+def effect_line(rec: EffectRecord, now: Any, schedule: Schedule | None = None) -> str:
     state = rec.state.value
     if rec.state in (EffectState.RESERVED, EffectState.EXECUTING) and not rec.lease_is_live(now):
         state += " (lease expired)"
@@ -100,13 +101,16 @@ def effect_line(rec: EffectRecord, now: Any) -> str:
     from .action import iso
 
     updated = iso(rec.updated_at)
-    return f"{rec.effect_key}  {state}  attempt {rec.attempt}  {rec.action_id}  {updated}{by}"
+    line = f"{rec.effect_key}  {state}  attempt {rec.attempt}  {rec.action_id}  {updated}{by}"
+    if schedule is not None and rec.state is EffectState.AMBIGUOUS:
+        line += "  " + schedule_text(schedule)
+    return line
 
 
-def effect_json(rec: EffectRecord) -> dict[str, Any]:
+def effect_json(rec: EffectRecord, schedule: Schedule | None = None) -> dict[str, Any]:
     from .action import iso
 
-    return {
+    found = {
         "effect_key": rec.effect_key,
         "state": rec.state.value,
         "attempt": rec.attempt,
@@ -116,6 +120,18 @@ def effect_json(rec: EffectRecord) -> dict[str, Any]:
         "error": rec.error,
         "resolved_by": rec.resolved_by,
     }
+    if schedule is not None and rec.state is EffectState.AMBIGUOUS:
+        due = schedule.next_check_at
+        found |= {"checks": schedule.checks, "next_check_at": iso(due) if due else None}
+    return found
+
+
+def schedule_text(schedule: Schedule) -> str:
+    """How often the remote was asked about an ambiguous effect, and when it is asked next."""
+    from .action import iso
+
+    due = iso(schedule.next_check_at) if schedule.next_check_at else "now"
+    return f"asked {schedule.checks} times, next check {due}"
 
 
 def inspection(conn: Connection, action_id: str) -> dict[str, Any] | None:
