@@ -1,25 +1,27 @@
 """The mitmproxy addon: recognise requests to configured upstreams and guard their writes.
 
-The hook only gathers facts and applies the guard's answer. mitmproxy forwards a request
-whose hook raised, so every error here is caught and refused: the protected path fails closed.
+The hook only gathers facts and applies the guard's answer, and records the decision in
+``flow.metadata["ctrlrun"]``. mitmproxy forwards a request whose hook raised, so every error
+here is caught and refused: the protected path fails closed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
-from mitmproxy import http
+from mitmproxy import connection, http
 
 from .answers import answer
 from .config import Upstream
-from .guard import Guard
+from .guard import Guard, Handled
 from .principal import Principals
 from .route_values import READ_METHODS
-from .routes import Request
+from .routes import PassThrough, Request
 
-log = logging.getLogger("ctrlrun.proxy")
-AUTH_KEY = "ctrlrun_principal"
+log = logging.getLogger(__name__)
+METADATA = "ctrlrun"  # flow.metadata key of the decision
 
 
 class CtrlrunAddon:
@@ -37,7 +39,7 @@ class CtrlrunAddon:
         self.by_address = {(u.scheme, u.host.lower(), u.port): u for u in upstreams}
         self.by_name = {u.name: u for u in upstreams}
         self.reverse_specs = reverse_specs  # mode spec -> upstream name
-        self.auth: dict[str, str | None] = {}  # client connection id -> Proxy-Authorization
+        self.auth: dict[str, str] = {}  # client connection id -> Proxy-Authorization
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Through HTTPS_PROXY the credential is on the CONNECT, not on the requests inside it.
@@ -45,8 +47,8 @@ class CtrlrunAddon:
         if value:
             self.auth[flow.client_conn.id] = value
 
-    def client_disconnected(self, client: object) -> None:
-        self.auth.pop(getattr(client, "id", ""), None)
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.auth.pop(client.id, None)
 
     def upstream_for(self, flow: http.HTTPFlow) -> Upstream | None:
         spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
@@ -56,47 +58,83 @@ class CtrlrunAddon:
         return self.by_address.get((req.scheme, req.host.lower(), req.port))
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return  # answered or ended by someone else (another addon, a replay, a kill)
         upstream = None
         try:
             upstream = self.upstream_for(flow)
-            if upstream is None or flow.request.method.upper() in READ_METHODS:
-                return  # not ours, or a read: reads always pass through
-            req = flow.request
-            raw = req.raw_content if req.raw_content is not None else b""
-            headers = list(req.headers.items(multi=True))
-            auth = req.headers.get("proxy-authorization") or self.auth.get(flow.client_conn.id)
-            facts = Request(
-                method=req.method.upper(),
-                path=req.path.split("?", 1)[0],
-                query={k: req.query.get_all(k) for k in req.query},
-                headers={k.lower(): v for k, v in headers},
-                body=raw,
-            )
+            if upstream is None:
+                return  # not ours: no metadata, mitmproxy forwards it
+            if flow.request.method.upper() in READ_METHODS:
+                _record(flow, upstream, {"outcome": "pass_through", "reason": "read"})
+                return  # reads always pass through, whatever the ledger's health
             result = await self.guard.handle(
                 upstream,
-                facts,
-                target=req.path,
-                headers=headers,
-                principal=self.principals.resolve(auth),
+                facts(flow),
+                target=flow.request.path,
+                headers=list(flow.request.headers.items(multi=True)),
+                principal=self.principals.resolve(self._auth(flow)),
             )
-            if result is None:
+            if isinstance(result, PassThrough):
+                _record(flow, upstream, {"outcome": "pass_through", "reason": result.reason})
                 return
-            flow.response = to_response(result.status or 502, result.headers, result.body)
+            _apply(flow, upstream, result)
         except Exception as exc:  # fail closed: mitmproxy would forward on an exception
             log.exception(
                 "internal error on %s %s: refused", flow.request.method, flow.request.path
             )
-            profile = upstream.profile if upstream else "http"
-            a = answer(
-                profile,
-                "unavailable",
-                reason="internal_error",
-                message=f"internal error ({type(exc).__name__})",
-                action=None,
-                effect_key=None,
-                receipt_id=None,
-            )
-            flow.response = to_response(a.status, a.headers, a.body)
+            _refuse_internal(flow, upstream, exc)
+
+    def _auth(self, flow: http.HTTPFlow) -> str | None:
+        header = flow.request.headers.get("proxy-authorization")
+        return header or self.auth.get(flow.client_conn.id)
+
+
+def facts(flow: http.HTTPFlow) -> Request:
+    """What the guard needs to know of a flow's request (the body as it will be forwarded)."""
+    req = flow.request
+    return Request(
+        method=req.method.upper(),
+        path=req.path.split("?", 1)[0],
+        query={k: req.query.get_all(k) for k in req.query},
+        headers={k.lower(): v for k, v in req.headers.items(multi=True)},
+        body=req.raw_content if req.raw_content is not None else b"",
+    )
+
+
+def _apply(flow: http.HTTPFlow, upstream: Upstream, handled: Handled) -> None:
+    got = handled.response
+    flow.response = to_response(got.status or 502, got.headers, got.body)
+    _record(
+        flow,
+        upstream,
+        {
+            "outcome": handled.outcome,
+            "reason": handled.reason,
+            "action": handled.action,
+            "effect_key": handled.effect_key,
+            "receipt_id": handled.receipt_id,
+        },
+    )
+
+
+def _refuse_internal(flow: http.HTTPFlow, upstream: Upstream | None, exc: Exception) -> None:
+    a = answer(
+        upstream.profile if upstream else "http",
+        "unavailable",
+        reason="internal_error",
+        message=f"internal error ({type(exc).__name__})",
+        action=None,
+        effect_key=None,
+        receipt_id=None,
+    )
+    flow.response = to_response(a.status, a.headers, a.body)
+    decision = {"outcome": "unavailable", "reason": "internal_error"}
+    flow.metadata[METADATA] = {"upstream": upstream.name if upstream else None, **decision}
+
+
+def _record(flow: http.HTTPFlow, upstream: Upstream, decision: dict[str, Any]) -> None:
+    flow.metadata[METADATA] = {"upstream": upstream.name, **decision}
 
 
 def to_response(status: int, headers: Sequence[tuple[str, str]], body: bytes) -> http.Response:

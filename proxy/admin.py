@@ -10,7 +10,7 @@ from ctrlrun.store import StateStore
 
 from .metrics import Metrics
 
-log = logging.getLogger("ctrlrun.proxy")
+log = logging.getLogger(__name__)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

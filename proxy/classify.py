@@ -14,13 +14,8 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 
-
-class Outcome(StrEnum):
-    """What the record of an attempt becomes."""
-
-    COMMITTED = "committed"
-    FAILED = "failed"
-    AMBIGUOUS = "ambiguous"
+# What the record of an attempt becomes: the kernel's own type, the one ``Control.finish`` takes.
+from ctrlrun.control import Outcome
 
 
 class Transport(StrEnum):
@@ -56,17 +51,17 @@ def classify(
     nothing happened; no status and no transport evidence at all is ``ambiguous``.
     """
     if status is None:
-        return Outcome.FAILED if transport is Transport.NOT_SENT else Outcome.AMBIGUOUS
+        return "failed" if transport is Transport.NOT_SENT else "ambiguous"
     if 200 <= status <= 299:
-        return Outcome.COMMITTED
+        return "committed"
     if status == 409 and profile == "kubernetes" and action == "k8s.delete_namespace":
         # The namespace is already being deleted: the effect exists.
-        return Outcome.COMMITTED if _namespace_terminating(body) else Outcome.FAILED
+        return "committed" if _namespace_terminating(body) else "failed"
     if 400 <= status <= 499 and status not in (408, 424):
-        return Outcome.FAILED
+        return "failed"
     # 408 and 424 may have run, a 5xx may have committed before failing, and ctrlrun's
     # client follows no redirects, so a 1xx or 3xx final answer proves nothing either way.
-    return Outcome.AMBIGUOUS
+    return "ambiguous"
 
 
 def _namespace_terminating(body: bytes) -> bool:

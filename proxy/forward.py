@@ -20,8 +20,8 @@ MAX_RESPONSE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class Reply:
-    """What came back, or how far the request got when nothing (complete) came back."""
+class Forwarded:
+    """What the remote sent back, or how far the request got when nothing (complete) did."""
 
     status: int | None
     headers: tuple[tuple[str, str], ...] = ()
@@ -63,16 +63,16 @@ class Forwarder:
         path_and_query: str,
         headers: Sequence[tuple[str, str]],
         body: bytes,
-    ) -> Reply:
+    ) -> Forwarded:
         try:
             got = await self._pools[upstream.name].request(method, path_and_query, headers, body)
         except h1.RequestFailed as exc:
-            return Reply(None, transport=exc.transport, error=exc.line)
+            return Forwarded(None, transport=exc.transport, error=exc.line)
         out = tuple((k, v) for k, v in got.headers if k.lower() not in HOP_BY_HOP)
         if got.error is not None:
             # The status line arrived: the outcome is known by status even if the body is cut.
-            return Reply(got.status, out, b"", error=got.error, cut_short=True)
-        return Reply(got.status, out, got.body)
+            return Forwarded(got.status, out, b"", error=got.error, cut_short=True)
+        return Forwarded(got.status, out, got.body)
 
     async def aclose(self) -> None:
         for pool in self._pools.values():

@@ -1,15 +1,21 @@
-"""The protected path: one consequential request, from route to receipt.
+"""The protected path: one consequential request, from route to receipt, in small steps::
 
-``Guard.handle`` returns ``None`` (not ours: let mitmproxy forward it), an ``Answer``
-(ctrlrun answers instead of the remote) or a ``Reply`` (the remote's own answer). Store
-calls run in worker threads so one slow request never stalls the event loop.
+    prepare   pure: route -> action -> effect key -> idempotency key, credentials
+    admit     the kernel, in one worker thread: begin (or claim a same-key replay)
+    forward   the h1 forwarder, within the upstream's deadline
+    settle    classify, record (a second worker thread), reconcile eagerly if ambiguous
+    answer    the remote's own reply, or ctrlrun's answer in the remote's error shape
+
+``Guard.handle`` returns ``PassThrough`` (not consequential: mitmproxy forwards it) or a
+``Handled``: the response and the decision behind it. Store calls run in worker threads, one
+for ``begin`` and one for ``finish``, so one slow request never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,39 +23,37 @@ from datetime import timedelta
 from typing import Any
 
 from ctrlrun import ledger
-from ctrlrun.action import Action, Principal, parse_iso, utc_now
-from ctrlrun.control import Control
-from ctrlrun.errors import (
-    ActionDenied,
-    AmbiguousEffect,
-    ApprovalMismatch,
-    ApprovalRequired,
-    CTRLRunError,
-    DuplicateEffect,
-    EffectKeyError,
-    InvalidArgument,
-)
-from ctrlrun.policy import Decision
+from ctrlrun.action import Action, Principal
+from ctrlrun.attempt import Attempt
+from ctrlrun.control import Control, Outcome
+from ctrlrun.errors import CTRLRunError
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
-from ctrlrun.states import EffectState
 
-from .answers import Answer, answer
-from .classify import Outcome, classify
+from . import replay, settle
+from .answers import Answer
+from .classify import classify
+from .coalesce import Coalescer
 from .config import Upstream
-from .forward import Forwarder, Reply, forward_headers
+from .forward import Forwarded, Forwarder, forward_headers
 from .metrics import Metrics
+from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
+from .refusals import Refusal, refusal_for
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request
 
-log = logging.getLogger("ctrlrun.proxy")
-REPLAY_WINDOW = timedelta(hours=23)  # Stripe keeps idempotency keys for at least 24 hours
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class _InFlight:
-    idempotency_key: str | None
-    digest: str
-    done: asyncio.Future[Reply | Answer]
+@dataclass(frozen=True)
+class Handled:
+    """The response to a protected request, and the decision behind it."""
+
+    response: Answer | Forwarded
+    outcome: str  # ctrlrun's answer (X-Ctrlrun-Outcome), or the record's when the remote answered
+    reason: str | None = None
+    action: str | None = None
+    effect_key: str | None = None
+    receipt_id: str | None = None
 
 
 class Guard:
@@ -69,7 +73,7 @@ class Guard:
         self.forwarder = forwarder
         self.reconcilers = reconcilers
         self.reconcile_deadline = reconcile_deadline
-        self.inflight: dict[str, _InFlight] = {}
+        self.inflight: Coalescer[Handled] = Coalescer()
         self.active = 0  # protected requests being handled, for a graceful stop
 
     async def handle(
@@ -80,10 +84,10 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-    ) -> Answer | Reply | None:
+    ) -> Handled | PassThrough:
         mapped = map_request(upstream, request)
         if isinstance(mapped, PassThrough):
-            return None
+            return mapped
         self.active += 1
         try:
             return await self._protected(upstream, request, mapped, target, headers, principal)
@@ -98,243 +102,110 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-    ) -> Answer | Reply:
-        def refuse(
-            outcome: str,
-            reason: str,
-            message: str,
-            *,
-            action: str | None = None,
-            key: str | None = None,
-            receipt: str | None = None,
-            request_id: str | None = None,
-            exc: BaseException | None = None,
-        ) -> Answer:
-            if receipt is None and isinstance(exc, CTRLRunError):
-                receipt = exc.receipt_id
-            self.metrics.decisions.labels(action or "-", outcome).inc()
-            log.info("refused %s %s: %s (%s)", request.method, request.path, outcome, reason)
-            return answer(
-                up.profile,
-                outcome,
-                reason=reason,
-                message=message,
-                action=action,
-                effect_key=key,
-                receipt_id=receipt,
-                request_id=request_id,
-            )
-
-        if isinstance(mapped, Invalid):
-            return refuse("invalid_request", mapped.reason, f"request refused: {mapped.reason}")
-        if principal is None:
-            return refuse(
-                "denied",
-                "no_principal",
-                "request refused: no principal (configure --principal or send Proxy-Authorization)",
-            )
+    ) -> Handled:
+        screened = screen(up, request, mapped, principal)
+        if isinstance(screened, Refusal):
+            return self.refused(up, request, screened)
         ctl = self.control()
-        if isinstance(mapped, Unmapped):
-            if up.unmapped_writes == "deny":
-                return refuse(
-                    "denied",
-                    "unmapped_write",
-                    f"{request.method} {request.path} matches no route of upstream {up.name!r}",
-                )
-            return await self._unmapped(ctl, up, request, target, headers, principal)
-        try:
-            action = Action(mapped.action, mapped.arguments, principal, None, ctl.environment)
-        except InvalidArgument as exc:
-            return refuse("invalid_request", "invalid_argument", str(exc), action=mapped.action)
-        key: str | None = None
-        template = ctl.policy.effect_template(action.name)
-        if template is not None:
-            try:
-                key = template.resolve(action.arguments)
-            except EffectKeyError as exc:
-                receipt = await asyncio.to_thread(ctl.refuse_effect_key, action, exc)
-                return refuse(
-                    "invalid_request",
-                    "effect_key_error",
-                    str(exc),
-                    action=action.name,
-                    receipt=receipt.receipt_id,
-                )
-        hdr = {k.lower(): v for k, v in headers}
-        idem = hdr.get("idempotency-key") if up.profile == "stripe" else None
-        creds = {k: v for k, v in hdr.items() if k in ("authorization", "stripe-account")}
-        digest = hashlib.sha256(request.body).hexdigest()
-        if key is not None:
-            same = self.inflight.get(key)
-            if same is not None and idem and same.idempotency_key == idem and same.digest == digest:
-                # The client's own transport retry of an attempt still executing: same answer.
-                return await asyncio.shield(same.done)
-            if idem:
-                replay = await self._replay_ambiguous(
-                    ctl, up, action, key, idem, target, headers, request
-                )
-                if replay is not None:
-                    return replay
-        lazy = self._lazy_hook(up, creds)
-        try:
-            attempt = await asyncio.to_thread(
-                ctl.begin,
-                action,
-                key,
-                approval_id=hdr.get("ctrlrun-approval"),
-                lease=timedelta(seconds=up.timeout + self.reconcile_deadline + 60),
+        route, who = screened.route, screened.principal
+        if isinstance(route, Unmapped):
+            return await self._unmapped(ctl, up, request, target, headers, who)
+        prepared = prepare(up, request, route, who, ctl.policy, ctl.environment)
+        if isinstance(prepared, Refusal):
+            return self.refused(up, request, prepared)
+        if isinstance(prepared, Unresolvable):
+            receipt = await asyncio.to_thread(
+                ctl.refuse_effect_key, prepared.action, prepared.error
+            )
+            refusal = refusal_for(
+                prepared.error, action=prepared.action.name, receipt_id=receipt.receipt_id
+            )
+            return self.refused(up, request, refusal)
+        p = prepared
+        waiting = self.inflight.join(p.effect_key, p.idempotency_key, p.digest)
+        if waiting is not None:
+            # The client's own transport retry of an attempt still executing: same answer.
+            return await asyncio.shield(waiting)
+        admitted = await self._admit(ctl, up, p)
+        if isinstance(admitted, Refusal):
+            return self.refused(up, request, admitted)
+        if isinstance(admitted, replay.Claimed):
+            return await self._replay(ctl, up, request, p, admitted, target, headers)
+        fallback = functools.partial(self._failed, up, request, p)
+        with self.inflight.lead(p.effect_key, p.idempotency_key, p.digest, fallback) as flight:
+            handled = await self._attempt(ctl, up, request, p, admitted, target, headers)
+            flight.resolve(handled)
+        return handled
+
+    async def _unresolvable(
+        self, ctl: Control, up: Upstream, request: Request, bad: Unresolvable
+    ) -> Handled:
+        """Refuse an action whose effect key cannot be resolved, with a receipt saying why."""
+        receipt = await asyncio.to_thread(ctl.refuse_effect_key, bad.action, bad.error)
+        refusal = refusal_for(bad.error, action=bad.action.name, receipt_id=receipt.receipt_id)
+        return self.refused(up, request, refusal)
+
+    def _failed(self, up: Upstream, request: Request, p: Prepared, exc: BaseException) -> Handled:
+        return self.refused(up, request, settle.failed_forwarding(p, exc))
+
+    def refused(self, up: Upstream, request: Request, refusal: Refusal) -> Handled:
+        """ctrlrun's answer for ``refusal``, counted and logged (one line per decision)."""
+        self.metrics.decisions.labels(refusal.action or "-", refusal.outcome).inc()
+        log.info(
+            "refused %s %s: %s (%s)", request.method, request.path, refusal.outcome, refusal.reason
+        )
+        return Handled(
+            refusal.answer(up.profile),
+            refusal.outcome,
+            refusal.reason,
+            refusal.action,
+            refusal.effect_key,
+            refusal.receipt_id,
+        )
+
+    # -- admit ------------------------------------------------------------------------------
+
+    async def _admit(
+        self, ctl: Control, up: Upstream, p: Prepared
+    ) -> Attempt | replay.Claimed | Refusal:
+        """The kernel's decision, in one worker thread: an attempt, a replay or a refusal."""
+        lease = timedelta(seconds=up.timeout + self.reconcile_deadline + 60)
+        lazy = self._hook(ctl, up, p.credentials)
+
+        def admit() -> Attempt | replay.Claimed:
+            claimed = replay.claim(ctl, p)
+            if claimed is not None:
+                return claimed
+            return ctl.begin(
+                p.action,
+                p.effect_key,
+                approval_id=p.approval_id,
+                lease=lease,
                 reconcile=lazy,
-                idempotency_key=idem,
+                idempotency_key=p.idempotency_key,
                 upstream=up.name,
             )
-        except DuplicateEffect as exc:
-            return refuse(
-                "duplicate" if exc.state == "committed" else "in_progress",
-                exc.state,
-                str(exc),
-                action=action.name,
-                key=key,
-                exc=exc,
-            )
-        except AmbiguousEffect as exc:
-            return refuse("ambiguous", "ambiguous", str(exc), action=action.name, key=key, exc=exc)
-        except ApprovalRequired as exc:
-            return refuse(
-                "approval_required",
-                "approval_required",
-                f"{action.name} needs approval {exc.request_id}",
-                action=action.name,
-                key=key,
-                request_id=exc.request_id,
-            )
-        except ApprovalMismatch as exc:
-            return refuse(
-                "approval_invalid",
-                exc.reason,
-                str(exc),
-                action=action.name,
-                key=key,
-                request_id=exc.approval_id,
-                exc=exc,
-            )
-        except ActionDenied as exc:
-            if exc.reason == "approval_denied":  # a presented approval a human denied
-                return refuse(
-                    "approval_invalid",
-                    exc.reason,
-                    str(exc),
-                    action=action.name,
-                    key=key,
-                    request_id=hdr.get("ctrlrun-approval"),
-                    exc=exc,
-                )
-            return refuse("denied", exc.reason, str(exc), action=action.name, key=key, exc=exc)
-        except CTRLRunError as exc:
-            self.metrics.store_errors.inc()
-            log.error("ledger unavailable for %s: %s", action.name, exc)
-            return refuse(
-                "unavailable",
-                "store_unavailable",
-                f"the ledger is unavailable: {exc}",
-                action=action.name,
-                key=key,
-            )
 
-        out_headers = forward_headers(headers)
-        if up.profile == "stripe" and not idem and attempt.token:
-            out_headers.append(("Idempotency-Key", attempt.token))
-        flight = None
-        if key is not None:
-            flight = _InFlight(idem, digest, asyncio.get_running_loop().create_future())
-            self.inflight[key] = flight
-        result: Reply | Answer
-        finished = False
         try:
-            started = asyncio.get_running_loop().time()
-            reply = await self.forwarder.send(up, request.method, target, out_headers, request.body)
-            self.metrics.upstream_latency.labels(up.name).observe(
-                asyncio.get_running_loop().time() - started
+            return await asyncio.to_thread(admit)
+        except Exception as exc:  # every refusal, and every failure, refuses: fail closed
+            refusal = refusal_for(
+                exc, action=p.action.name, effect_key=p.effect_key, approval=p.approval_id
             )
-            outcome = classify(
-                up.profile,
-                action.name,
-                status=reply.status,
-                transport=reply.transport,
-                body=reply.body,
-            )
-            self.metrics.decisions.labels(action.name, outcome.value).inc()
-            error = reply.error or (
-                None if outcome is Outcome.COMMITTED else f"HTTP {reply.status}"
-            )
-            finished = True
-            receipt = await asyncio.to_thread(ctl.finish, attempt, outcome.value, error=error)
-            result = reply
-            if reply.status is None and outcome is Outcome.FAILED:
-                result = refuse(
-                    "unavailable",
-                    "upstream_unreachable",
-                    f"the remote could not be reached ({error}); nothing was sent, "
-                    "and the attempt is recorded failed",
-                    action=action.name,
-                    key=key,
-                    receipt=receipt.receipt_id,
-                )
-            elif outcome is Outcome.AMBIGUOUS or reply.cut_short:
-                found = "not asked"
-                if up.reconcile == "eager" and self.reconcilers.get(up.name) and key is not None:
-                    found = await self._eager(ctl, attempt, up, creds)
-                result = refuse(
-                    "upstream_ambiguous",
-                    f"reconciler: {found}",
-                    f"the remote's reply was lost ({error}); the reconciler found: {found}",
-                    action=action.name,
-                    key=key,
-                    receipt=receipt.receipt_id,
-                )
-        except BaseException as exc:
-            if not finished:
-                # The request may have left: the record must say nobody knows.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(
-                        asyncio.to_thread(
-                            ctl.finish,
-                            attempt,
-                            "ambiguous",
-                            error=f"proxy error: {type(exc).__name__}",
-                        )
-                    )
-            if not isinstance(exc, Exception):
-                raise
-            log.error("%s %s: %s after forwarding began", action.name, key, type(exc).__name__)
-            if finished:
-                # Sent and answered; only recording failed (the ledger went away). The record
-                # stays executing under its lease, so a retry is held.
-                what = (
-                    f"the request was sent and the remote answered {reply.status or reply.error}, "
-                    f"but the ledger could not record it ({type(exc).__name__})"
-                )
-                reason = "outcome_not_recorded"
-            else:
-                what = (
-                    f"the proxy failed while forwarding ({type(exc).__name__}); "
-                    "the request may have reached the remote"
-                )
-                reason = "internal_error"
-            result = refuse("upstream_ambiguous", reason, what, action=action.name, key=key)
-            return result
-        finally:
-            if flight is not None:
-                if not flight.done.done():
-                    flight.done.set_result(result)
-                if self.inflight.get(key or "") is flight:
-                    del self.inflight[key or ""]
-        return result
+            if refusal.reason == "store_unavailable":
+                self.metrics.store_errors.inc()
+                log.error("ledger unavailable for %s: %s", p.action.name, exc)
+            elif refusal.reason == "internal_error":
+                log.exception("internal error admitting %s: refused", p.action.name)
+            return refusal
 
-    def _lazy_hook(self, up: Upstream, creds: Mapping[str, str]) -> Callable[[str], Any] | None:
+    def _hook(
+        self, ctl: Control, up: Upstream, creds: Mapping[str, str]
+    ) -> Callable[[str], Any] | None:
+        """The upstream's reconciler as a kernel hook, with this request's credentials."""
         reconciler = self.reconcilers.get(up.name)
         if reconciler is None or up.reconcile == "off":
             return None
-        ctl = self.control()
 
         def hook(effect_key: str) -> Any:
             with ctl.store.reading() as conn:
@@ -345,10 +216,75 @@ class Guard:
 
         return hook
 
-    async def _eager(
-        self, ctl: Control, attempt: Any, up: Upstream, creds: Mapping[str, str]
-    ) -> str:
-        hook = self._lazy_hook(up, creds)
+    # -- forward, settle, answer ----------------------------------------------------------------
+
+    async def _attempt(
+        self,
+        ctl: Control,
+        up: Upstream,
+        request: Request,
+        p: Prepared,
+        attempt: Attempt,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+    ) -> Handled:
+        try:
+            reply = await self._forward(up, request, p, attempt, target, headers)
+            outcome = self._classify(up, p.action.name, reply)
+        except BaseException as exc:
+            # The request may have left: the record must say nobody knows.
+            await self._record_lost(ctl, attempt, exc)
+            if not isinstance(exc, Exception):
+                raise  # cancelled: the flight's fallback answers any waiting retry
+            log.error(
+                "%s %s: %s after forwarding began", p.action.name, p.effect_key, type(exc).__name__
+            )
+            return self.refused(up, request, settle.failed_forwarding(p, exc))
+        self.metrics.decisions.labels(p.action.name, outcome).inc()
+        try:
+            error = settle.record_error(reply, outcome)
+            receipt = await asyncio.to_thread(ctl.finish, attempt, outcome, error=error)
+        except Exception as exc:
+            log.error(
+                "%s %s: outcome not recorded: %s", p.action.name, p.effect_key, type(exc).__name__
+            )
+            return self.refused(up, request, settle.not_recorded(p, reply, exc))
+        found = None
+        if settle.lost(reply, outcome):
+            found = await self._eager(ctl, up, p, attempt)
+        result = settle.verdict(p, reply, outcome, receipt.receipt_id, found)
+        if isinstance(result, Refusal):
+            return self.refused(up, request, result)
+        return Handled(result, outcome, None, p.action.name, p.effect_key, receipt.receipt_id)
+
+    async def _forward(
+        self,
+        up: Upstream,
+        request: Request,
+        p: Prepared,
+        attempt: Attempt,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+    ) -> Forwarded:
+        out = upstream_headers(up, p, headers, attempt.token)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        reply = await self.forwarder.send(up, request.method, target, out, request.body)
+        self.metrics.upstream_latency.labels(up.name).observe(loop.time() - started)
+        return reply
+
+    async def _record_lost(self, ctl: Control, attempt: Attempt, exc: BaseException) -> None:
+        """Record ``ambiguous`` for an attempt whose forwarding failed inside the proxy."""
+        error = f"proxy error: {type(exc).__name__}"
+        with contextlib.suppress(Exception):
+            # Shielded: a cancellation must not stop the record from saying nobody knows.
+            await asyncio.shield(asyncio.to_thread(ctl.finish, attempt, "ambiguous", error=error))
+
+    async def _eager(self, ctl: Control, up: Upstream, p: Prepared, attempt: Attempt) -> str:
+        """Ask the reconciler now, within its deadline; what it found, as the agent reads it."""
+        if up.reconcile != "eager" or not self.reconcilers.get(up.name) or p.effect_key is None:
+            return "not asked"
+        hook = self._hook(ctl, up, p.credentials)
         try:
             found = await asyncio.wait_for(
                 asyncio.to_thread(ctl.eager_reconcile, attempt, hook, True),
@@ -357,54 +293,33 @@ class Guard:
         except TimeoutError:
             self.metrics.reconciliations.labels("unknown").inc()
             return "no answer in time (unknown)"
+        except Exception as exc:  # the ledger failed under the reconciliation: nothing moved
+            log.warning("eager reconciliation of %s failed: %s", p.effect_key, exc)
+            found = None
         self.metrics.reconciliations.labels(str(found or "unknown")).inc()
         return str(found or "unknown")
 
-    async def _replay_ambiguous(
+    # -- the two other ways a write is forwarded ------------------------------------------------
+
+    async def _replay(
         self,
         ctl: Control,
         up: Upstream,
-        action: Action,
-        key: str,
-        idem: str,
+        request: Request,
+        p: Prepared,
+        claimed: replay.Claimed,
         target: str,
         headers: Sequence[tuple[str, str]],
-        request: Request,
-    ) -> Reply | None:
+    ) -> Handled:
         """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it."""
-        if ctl.evaluate(action).decision is Decision.DENY:
-            return None  # the policy now refuses the action: begin() records and says so
-
-        def read() -> Any:
-            with ctl.store.reading() as conn:
-                return ledger.get_effect_row(conn, key)
-
-        row = await asyncio.to_thread(read)
-        if row is None or row["state"] != EffectState.AMBIGUOUS.value:
-            return None
-        if row["idempotency_key"] != idem:
-            return None
-        if utc_now() - parse_iso(row["updated_at"]) > REPLAY_WINDOW:
-            return None
-        if row["action_json"] != action.canonical.decode("utf-8"):
-            # The old key on a changed request is not a transport retry: Stripe would refuse
-            # it (idempotency_error), and that 400 says nothing about the first attempt.
-            return None
-        await asyncio.to_thread(ctl.reconciler.started, key, "idempotent_replay")
         reply = await self.forwarder.send(
             up, request.method, target, forward_headers(headers), request.body
         )
-        outcome = classify(
-            up.profile,
-            action.name,
-            status=reply.status,
-            transport=reply.transport,
-            body=reply.body,
-        )
-        found = {"committed": "committed", "failed": "not_executed"}.get(outcome.value, "unknown")
-        await asyncio.to_thread(ctl.reconciler.settle, key, found)
-        log.info("same-key retry of ambiguous %s forwarded: %s", key, found)
-        return reply
+        outcome = self._classify(up, p.action.name, reply)
+        found = replay.answer(outcome)
+        await asyncio.to_thread(ctl.reconciler.settle, claimed.effect_key, found)
+        log.info("same-key retry of ambiguous %s forwarded: %s", claimed.effect_key, found)
+        return Handled(reply, outcome, replay.TRIGGER, p.action.name, claimed.effect_key)
 
     async def _unmapped(
         self,
@@ -414,7 +329,8 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal,
-    ) -> Reply:
+    ) -> Handled:
+        """Forward a write no route maps (``unmapped_writes: allow``) and write its receipt."""
         reply = await self.forwarder.send(
             up, request.method, target, forward_headers(headers), request.body
         )
@@ -426,14 +342,13 @@ class Guard:
             None,
             ctl.environment,
         )
+        reason = "unmapped_writes: allow"
+        receipt_id = None
         try:
-            await asyncio.to_thread(
-                ctl.record_unprotected,
-                action,
-                outcome.value,
-                reason="unmapped_writes: allow",
-                error=reply.error,
+            receipt = await asyncio.to_thread(
+                ctl.record_unprotected, action, outcome, reason=reason, error=reply.error
             )
+            receipt_id = receipt.receipt_id
         except CTRLRunError as exc:
             # It has been forwarded (the policy allows unmapped writes): the agent gets the
             # remote's answer, and the missing receipt is said loudly.
@@ -441,4 +356,10 @@ class Guard:
             log.error(
                 "receipt of unmapped %s %s not written: %s", request.method, request.path, exc
             )
-        return reply
+        return Handled(reply, outcome, reason, action.name, None, receipt_id)
+
+    @staticmethod
+    def _classify(up: Upstream, action: str, reply: Forwarded) -> Outcome:
+        return classify(
+            up.profile, action, status=reply.status, transport=reply.transport, body=reply.body
+        )

@@ -32,7 +32,7 @@ from .guard import Guard
 from .metrics import Metrics
 from .principal import Principals
 
-log = logging.getLogger("ctrlrun.proxy")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -288,13 +289,13 @@ def test_classification_is_total_and_follows_the_table(
     profile: str, action: str, status: int | None, transport: Transport | None, body: bytes
 ) -> None:
     outcome = classify(profile, action, status=status, transport=transport, body=body)
-    assert outcome in set(Outcome)
+    assert outcome in typing.get_args(Outcome)
     if status is None:
-        assert outcome == (Outcome.FAILED if transport is Transport.NOT_SENT else Outcome.AMBIGUOUS)
+        assert outcome == ("failed" if transport is Transport.NOT_SENT else "ambiguous")
     elif 200 <= status <= 299:
-        assert outcome == Outcome.COMMITTED
+        assert outcome == "committed"
     elif status in (408, 424) or status >= 500 or status < 400:
-        assert outcome == Outcome.AMBIGUOUS
+        assert outcome == "ambiguous"
     else:
         assume(not (status == 409 and profile == "kubernetes" and action == "k8s.delete_namespace"))
-        assert outcome == Outcome.FAILED
+        assert outcome == "failed"
