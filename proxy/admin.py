@@ -15,7 +15,7 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Admin:
-    """A minimal HTTP/1.1 server: GET only, one short answer per connection."""
+    """A minimal HTTP/1.1 server: GET and HEAD only, one short answer per connection."""
 
     def __init__(self, store: Callable[[], StateStore], metrics: Metrics) -> None:
         self.store = store
@@ -30,13 +30,15 @@ class Admin:
             while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
                 pass
             parts = line.decode("latin-1").split()
+            method = parts[0] if parts else ""
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-            status, ctype, body = await self._answer(parts[0] if parts else "", path)
+            status, ctype, body = await self._answer(method, path)
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
-            writer.write(head.encode("latin-1") + body)
+            # HEAD: the headers GET would send (its Content-Length too), and no body.
+            writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
             await writer.drain()
         except (TimeoutError, OSError, UnicodeDecodeError):
             pass

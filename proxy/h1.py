@@ -51,6 +51,10 @@ class ProtocolError(Exception):
     """The remote's bytes are not the HTTP/1.1 this client reads."""
 
 
+class Closed(ProtocolError):
+    """The remote closed the connection before the message was complete; says how far it got."""
+
+
 class RequestFailed(Exception):
     """No status line came back; ``transport`` says whether the request may have been sent."""
 
@@ -242,14 +246,14 @@ class Pool:
             size = int(next(iter(lengths)))
             if size > self._max_body:
                 raise ProtocolError("response larger than the proxy keeps in memory")
-            return await reader.readexactly(size), True
+            return await _exactly(reader, size, "body bytes"), True
         return await self._read_to_eof(reader), False
 
     async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
-            line = await _readline(reader)
+            line = await _readline(reader, "the chunked body")
             n = int(line.split(b";", 1)[0].strip() or b"x", 16)
             if n < 0:
                 raise ProtocolError("negative chunk size")
@@ -259,8 +263,8 @@ class Pool:
             size += n
             if size > self._max_body:
                 raise ProtocolError("response larger than the proxy keeps in memory")
-            chunks.append(await reader.readexactly(n))
-            if await reader.readexactly(2) != b"\r\n":
+            chunks.append(await _exactly(reader, n, "bytes of a chunk"))
+            if await _exactly(reader, 2, "bytes of a chunk's end") != b"\r\n":
                 raise ProtocolError("chunk not followed by CRLF")
 
     async def _read_to_eof(self, reader: asyncio.StreamReader) -> bytes:
@@ -274,18 +278,29 @@ class Pool:
         return b"".join(chunks)
 
 
-async def _readline(reader: asyncio.StreamReader) -> bytes:
+async def _exactly(reader: asyncio.StreamReader, size: int, what: str) -> bytes:
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise Closed(f"the connection closed after {len(exc.partial)} of {size} {what}") from exc
+
+
+async def _readline(reader: asyncio.StreamReader, where: str = "the response headers") -> bytes:
     try:
         line = await reader.readuntil(b"\n")
     except asyncio.LimitOverrunError as exc:
         raise ProtocolError("line too long") from exc
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial and where == "the status line":
+            raise Closed("the connection closed before a status line arrived") from exc
+        raise Closed(f"the connection closed inside {where}") from exc
     return line.rstrip(b"\r\n")
 
 
 async def _read_status(reader: asyncio.StreamReader) -> tuple[int, bool]:
     """The final status (1xx informational answers skipped) and whether it is HTTP/1.0."""
     while True:
-        line = await _readline(reader)
+        line = await _readline(reader, "the status line")
         parts = line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3:
             raise ProtocolError(f"not a status line: {line[:40]!r}")
@@ -310,5 +325,7 @@ async def _read_headers(reader: asyncio.StreamReader, into: list[tuple[str, str]
 
 
 def _line(exc: BaseException, default: str = "no detail") -> str:
+    if isinstance(exc, Closed):
+        return str(exc)  # already a line for people: how far the message got
     text = " ".join(str(exc).split()) or default
     return f"{type(exc).__name__}: {text}"[:300]

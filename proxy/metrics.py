@@ -1,7 +1,17 @@
-"""Prometheus metrics of one sidecar, on its own registry."""
+"""Prometheus metrics of one sidecar, on its own registry.
+
+The effect gauges count the ledger's records by state. The ledger is shared (other sidecars,
+the SDK, ``ctrlrun resolve``, the sweep all move records), so only the ledger knows the
+counts: counting this process's own transitions would drift. They are read (one ``GROUP BY``
+and one index range count) at most every ``effects_ttl`` seconds, however many scrapers ask
+and however often, and the values shown are at most that old.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -11,13 +21,19 @@ from ctrlrun.action import utc_now
 from ctrlrun.states import EffectState
 from ctrlrun.store import StateStore
 
+EFFECTS_TTL = 15.0  # seconds: a common scrape interval, so one scraper costs one read per scrape
 STALE = timedelta(hours=1)  # ambiguous for longer than this: a human should look
 
 
 class Metrics:
-    """Counters the guard moves, and gauges read from the ledger at scrape time."""
+    """Counters the guard moves, and gauges read from the ledger at scrape time (cached)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        effects_ttl: float = EFFECTS_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.decisions = Counter(
             "ctrlrun_decisions",
@@ -51,27 +67,34 @@ class Metrics:
             "Effects ambiguous for more than an hour",
             registry=self.registry,
         )
+        self.effects_ttl = effects_ttl
+        self.clock = clock
+        self._read_at: float | None = None
+        self._lock = threading.Lock()  # scrapes run in worker threads: one reads, the rest wait
 
     def render(self, store: StateStore) -> bytes:
-        """The exposition text; effect gauges are read from the ledger now (blocking)."""
-        try:
-            with store.reading() as conn:
-                counts = ledger.count_effects(conn)
-        except Exception:
-            self.store_errors.inc()
-            counts = {}
-        for state in EffectState:
-            if state is not EffectState.NEW:
-                self.effects.labels(state.value).set(counts.get(state.value, 0))
-        self.ambiguous_open.set(counts.get(EffectState.AMBIGUOUS.value, 0))
-        self._count_stale(store)
+        """The exposition text (blocking: the effect gauges may be read from the ledger)."""
+        self.refresh(store)
         return generate_latest(self.registry)
 
-    def _count_stale(self, store: StateStore) -> None:
-        # One range count on the (state, updated_at) index, not a read of every effect.
-        try:
-            with store.reading() as conn:
-                stale = checks.count_ambiguous_before(conn, utc_now() - STALE)
-        except Exception:  # a ledger that does not answer: the counts above already say so
-            return
-        self.ambiguous_stale.set(stale)
+    def refresh(self, store: StateStore) -> None:
+        """Read the effect counts, unless they were read less than ``effects_ttl`` ago."""
+        with self._lock:
+            now = self.clock()
+            if self._read_at is not None and now - self._read_at < self.effects_ttl:
+                return
+            self._read_at = now  # a failed read is not retried before the TTL either
+            try:
+                with store.reading() as conn:
+                    counts = ledger.count_effects(conn)
+                    # One range count on the (state, updated_at) index, not a read of every effect.
+                    stale = checks.count_ambiguous_before(conn, utc_now() - STALE)
+            except Exception:
+                # The gauges keep their last values; the error counter says the read failed.
+                self.store_errors.inc()
+                return
+            for state in EffectState:
+                if state is not EffectState.NEW:
+                    self.effects.labels(state.value).set(counts.get(state.value, 0))
+            self.ambiguous_open.set(counts.get(EffectState.AMBIGUOUS.value, 0))
+            self.ambiguous_stale.set(stale)

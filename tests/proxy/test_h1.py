@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
 import time
@@ -203,7 +204,33 @@ def test_a_reused_connection_dropped_after_the_write_is_sent_no_status() -> None
 def test_a_body_cut_after_the_status_line_keeps_the_status() -> None:
     cut = b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"id": "re_'
     (got,) = run(answering(cut, then_close=True), lambda s: exchange(s, ("POST", b"1")))
-    assert got.status == 200 and got.body == b"" and "IncompleteReadError" in (got.error or "")
+    assert got.status == 200 and got.body == b""
+    # A line for people, not a raw IncompleteReadError: it reaches the agent's message.
+    assert got.error == "the connection closed after 11 of 100 body bytes"
+
+
+@pytest.mark.parametrize(
+    ("response", "line"),
+    [
+        (b"", "the connection closed before a status line arrived"),
+        (b"HTTP/1.1 20", "the connection closed inside the status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "the connection closed inside the response headers"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc",
+            "the connection closed after 3 of 16 bytes of a chunk",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+            "the connection closed inside the chunked body",
+        ),
+    ],
+)
+def test_a_connection_closed_mid_answer_says_how_far_it_got(response: bytes, line: str) -> None:
+    (got,) = run(answering(response, then_close=True), lambda s: exchange(s, ("POST", b"1")))
+    text = got.line if isinstance(got, h1.RequestFailed) else got.error
+    assert text == line
+    if isinstance(got, h1.RequestFailed):
+        assert got.transport is Transport.SENT_NO_STATUS  # the request had been written
 
 
 def test_a_body_that_outlives_the_deadline_keeps_the_status() -> None:
@@ -353,7 +380,12 @@ def test_the_forwarder_answers_from_the_fake_over_one_connection(tls: bool) -> N
         stripe.add_payment_intent("pi_1", amount=1000)
         replies = forward(stripe, times=3)
         assert [r.status for r in replies] == [200, 200, 200]
-        assert b'"object": "refund"' in replies[0].body or b'"refund"' in replies[0].body
+        refund = json.loads(replies[0].body)
+        assert (refund["object"], refund["payment_intent"], refund["amount"]) == (
+            "refund",
+            "pi_1",
+            100,
+        )
         assert not any(k.lower() in h1.HOP_BY_HOP for k, _ in replies[0].headers)
         assert stripe.writes_applied == 3
 
