@@ -103,6 +103,7 @@ class Guard:
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
     ) -> Handled:
+        """prepare -> admit -> forward -> settle -> answer; any step may answer early."""
         screened = screen(up, request, mapped, principal)
         if isinstance(screened, Refusal):
             return self.refused(up, request, screened)
@@ -114,13 +115,7 @@ class Guard:
         if isinstance(prepared, Refusal):
             return self.refused(up, request, prepared)
         if isinstance(prepared, Unresolvable):
-            receipt = await asyncio.to_thread(
-                ctl.refuse_effect_key, prepared.action, prepared.error
-            )
-            refusal = refusal_for(
-                prepared.error, action=prepared.action.name, receipt_id=receipt.receipt_id
-            )
-            return self.refused(up, request, refusal)
+            return await self._unresolvable(ctl, up, request, prepared)
         p = prepared
         waiting = self.inflight.join(p.effect_key, p.idempotency_key, p.digest)
         if waiting is not None:

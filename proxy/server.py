@@ -12,9 +12,10 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctrlrun.config import open_default_store, policy_path
 from ctrlrun.control import Control
@@ -31,6 +32,9 @@ from .forward import Forwarder
 from .guard import Guard
 from .metrics import Metrics
 from .principal import Principals
+
+if TYPE_CHECKING:
+    from mitmproxy.tools.dump import DumpMaster
 
 log = logging.getLogger(__name__)
 
@@ -134,17 +138,73 @@ def serve(settings: ProxySettings) -> int:
     sidecar = Sidecar(settings)
     sidecar.check_listeners()
     try:
-        return asyncio.run(_serve(sidecar))
+        return asyncio.run(run(sidecar))
     finally:
         sidecar.store.close()
 
 
-async def _serve(sidecar: Sidecar) -> int:
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+async def run(
+    sidecar: Sidecar,
+    *,
+    stopping: asyncio.Event | None = None,
+    signals: bool = True,
+    announce: Callable[[str], None] = _print_line,
+) -> int:
+    """Serve until ``stopping`` is set (or, with ``signals``, until SIGTERM/SIGINT).
+
+    ``announce`` gets the start-up line once every listener is bound. Without ``signals``
+    (a proxy run in a thread, as the tests do) nothing is installed for SIGHUP either:
+    call ``sidecar.reload`` on the loop instead.
+    """
+    stopping = stopping or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_cancellations)
+    master, confdir, reverse = _master(sidecar)
+    forwarder = Forwarder(sidecar.upstreams)
+    metrics = Metrics()
+    guard = Guard(
+        lambda: sidecar.control,
+        forwarder,
+        sidecar.reconcilers,
+        reconcile_deadline=sidecar.settings.reconcile_deadline,
+        metrics=metrics,
+    )
+    admin = None
+    if sidecar.settings.admin:
+        admin = await Admin(lambda: sidecar.store, metrics).start(*sidecar.settings.admin)
+    addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
+    master.addons.add(addon, _Announce(sidecar, master, confdir, admin, announce))
+    if signals:
+        loop.add_signal_handler(signal.SIGTERM, stopping.set)
+        loop.add_signal_handler(signal.SIGINT, stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
+    runner = asyncio.create_task(master.run())
+    sweeper = asyncio.create_task(_sweep_forever(sidecar))
+    waiter = asyncio.create_task(stopping.wait())
+    await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    await _drain(guard, sidecar)
+    sweeper.cancel()
+    waiter.cancel()
+    if admin is not None:
+        admin.close()
+    master.shutdown()
+    with contextlib.suppress(Exception):
+        await runner
+    await forwarder.aclose()
+    log.info("ctrlrun proxy stopped")
+    return 0
+
+
+def _master(sidecar: Sidecar) -> tuple[DumpMaster, Path, dict[str, str]]:
+    """mitmproxy's master with ctrlrun's listeners (inside the running loop, as it needs)."""
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    settings = sidecar.settings
-    confdir = Path(os.path.expanduser(settings.confdir))
+    confdir = Path(os.path.expanduser(sidecar.settings.confdir))
     confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modes, reverse = sidecar.modes()
     opts = options.Options(confdir=str(confdir))
@@ -160,51 +220,19 @@ async def _serve(sidecar: Sidecar) -> int:
     bundle = _trust_bundle(confdir, sidecar.upstreams)
     if bundle:
         opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
-    forwarder = Forwarder(sidecar.upstreams)
-    metrics = Metrics()
-    guard = Guard(
-        lambda: sidecar.control,
-        forwarder,
-        sidecar.reconcilers,
-        reconcile_deadline=settings.reconcile_deadline,
-        metrics=metrics,
-    )
-    addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
-    admin = None
-    if settings.admin:
-        admin = await Admin(lambda: sidecar.store, metrics).start(*settings.admin)
-    master.addons.add(addon, _Announce(sidecar, master, confdir, admin))
+    return master, confdir, reverse
+
+
+async def _drain(guard: Guard, sidecar: Sidecar) -> None:
+    """Let in-flight protected requests finish (bounded by their own deadlines)."""
     loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    loop.set_exception_handler(_quiet_cancellations)
-
-    def stop() -> None:
-        stopping.set()
-
-    loop.add_signal_handler(signal.SIGTERM, stop)
-    loop.add_signal_handler(signal.SIGINT, stop)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
-    runner = asyncio.create_task(master.run())
-    sweeper = asyncio.create_task(_sweep_forever(sidecar))
-    waiter = asyncio.create_task(stopping.wait())
-    await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    # Finish in-flight protected requests first (bounded by their own deadlines).
     deadline = (
         loop.time()
         + max((u.timeout for u in sidecar.upstreams), default=30)
-        + settings.reconcile_deadline
+        + sidecar.settings.reconcile_deadline
     )
     while guard.active and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    sweeper.cancel()
-    if admin is not None:
-        admin.close()
-    master.shutdown()
-    with contextlib.suppress(Exception):
-        await runner
-    await forwarder.aclose()
-    log.info("ctrlrun proxy stopped")
-    return 0
 
 
 def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
@@ -232,12 +260,18 @@ class _Announce:
     """Prints the one start-up line once mitmproxy's listeners are bound."""
 
     def __init__(
-        self, sidecar: Sidecar, master: object, confdir: Path, admin: asyncio.Server | None
+        self,
+        sidecar: Sidecar,
+        master: DumpMaster,
+        confdir: Path,
+        admin: asyncio.Server | None,
+        announce: Callable[[str], None],
     ) -> None:
         self.sidecar, self.master, self.confdir, self.admin = sidecar, master, confdir, admin
+        self.announce = announce
 
     def running(self) -> None:
-        server = self.master.addons.get("proxyserver")  # type: ignore[attr-defined]
+        server = self.master.addons.get("proxyserver")
         parts = []
         for instance in server.servers:
             addrs = ", ".join(f"{_bracket(a[0])}:{a[1]}" for a in instance.listen_addrs)
@@ -251,7 +285,7 @@ class _Announce:
         key = self.confdir / "mitmproxy-ca.pem"
         with contextlib.suppress(OSError):
             os.chmod(key, 0o600)
-        print(f"ctrlrun proxy listening: {'; '.join(parts)}; CA {ca}", flush=True)
+        self.announce(f"ctrlrun proxy listening: {'; '.join(parts)}; CA {ca}")
         if self.sidecar.policy.mode == "observe":
             log.warning("OBSERVE MODE: nothing is enforced; refusals are only recorded")
 

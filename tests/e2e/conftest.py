@@ -20,6 +20,18 @@ def fakes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 
 @pytest.fixture
 def sidecar(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
+    """The proxy in this process (``inprocess.py``), for tests of what it decides."""
+    stripe, kube = fakes
+    sc = start_sidecar(tmp_path, stripe, kube, in_process=True)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+@pytest.fixture
+def sidecar_command(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
+    """``ctrlrun proxy`` as a subprocess: the command exactly as an operator runs it."""
     stripe, kube = fakes
     sc = start_sidecar(tmp_path, stripe, kube)
     try:

@@ -12,9 +12,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+if TYPE_CHECKING:
+    from inprocess import InProcess
 
 STRIPE_KEY = "sk_test_e2e_4242424242"
 KUBE_TOKEN = "kube-e2e-token-7f3a9c"
@@ -29,7 +33,7 @@ def free_port() -> int:
 
 @dataclass
 class Sidecar:
-    """One running ``ctrlrun proxy`` and what it guards."""
+    """One running ``ctrlrun proxy`` (a subprocess, or in this process) and what it guards."""
 
     workdir: Path
     policy: Path
@@ -41,6 +45,7 @@ class Sidecar:
     proc: subprocess.Popen[str] | None = None
     log: Path = field(default_factory=Path)
     start_line: str = ""
+    inproc: InProcess | None = None  # set when the proxy runs in this process
 
     def store(self) -> SQLiteStateStore:
         return SQLiteStateStore(self.store_url.removeprefix("sqlite:///"), create=False)
@@ -57,6 +62,11 @@ class Sidecar:
             store.close()
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """A ``ctrlrun`` command: in this process beside an in-process proxy, else a process."""
+        if self.inproc is not None:
+            from inprocess import cli
+
+            return cli(args, clean_env())
         return subprocess.run(
             [sys.executable, "-m", "ctrlrun.cli", *args],
             capture_output=True,
@@ -66,7 +76,18 @@ class Sidecar:
             env=clean_env(),
         )
 
+    def reload(self) -> None:
+        """Reload the policy: SIGHUP, or its in-process equivalent."""
+        if self.inproc is not None:
+            self.inproc.reload()
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGHUP)
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.inproc is not None:
+            assert sig == signal.SIGTERM, "an in-process proxy cannot be killed; use a subprocess"
+            return self.inproc.stop()
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -137,11 +158,16 @@ def start_sidecar(
     admin: bool = False,
     env: dict[str, str] | None = None,
     store_url: str | None = None,
+    sweep_interval: float | None = None,
+    in_process: bool = False,
 ) -> Sidecar:
     """Write a policy naming the fakes and start ``ctrlrun proxy`` on free loopback ports.
 
     The ledger is ``workdir/state.db`` unless ``store_url`` names another (e.g. PostgreSQL;
-    ``Sidecar.store``/``effect_state`` then do not apply).
+    ``Sidecar.store``/``effect_state`` then do not apply). ``in_process`` runs the proxy in a
+    thread of this process (``inprocess.py``): for tests of logic, where a subprocess adds only
+    its start-up time; a subprocess for what only the command shows (its start-up line,
+    signals, a SIGKILL, its log setup).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     sp, kp = free_port(), free_port()
@@ -165,13 +191,33 @@ def start_sidecar(
         kube_base=f"http://127.0.0.1:{kp}",
         log=workdir / "proxy.log",
     )
+    if in_process:
+        assert not extra_args, "in process, name the settings (sweep_interval=...)"
+        line = _start_in_process(sc, admin=admin, env=env, sweep_interval=sweep_interval)
+    else:
+        if sweep_interval is not None:
+            extra_args += ("--sweep-interval", str(sweep_interval))
+        line = _start_subprocess(sc, extra_args, admin=admin, env=env)
+    sc.start_line = line.strip()
+    match = START.search(line)
+    assert match, line
+    sc.proxy_url = f"http://127.0.0.1:{match['port']}"
+    admin_match = re.search(r"admin ([\d.]+):(\d+)", line)
+    if admin_match:
+        sc.admin_url = f"http://{admin_match[1]}:{admin_match[2]}"
+    return sc
+
+
+def _start_subprocess(
+    sc: Sidecar, extra_args: tuple[str, ...], *, admin: bool, env: dict[str, str] | None
+) -> str:
     args = [
         sys.executable,
         "-m",
         "ctrlrun.cli",
         "proxy",
         "--policy",
-        str(policy),
+        str(sc.policy),
         "--listen",
         "127.0.0.1:0",
         "--store-url",
@@ -179,14 +225,19 @@ def start_sidecar(
         "--principal",
         "e2e-agent",
         "--confdir",
-        str(workdir / "mitm"),
+        str(sc.workdir / "mitm"),
         *extra_args,
     ]
     if admin:
         args += ["--admin", f"127.0.0.1:{free_port()}"]
     with sc.log.open("w") as log:
         sc.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=log, text=True, env=env or clean_env(), cwd=workdir
+            args,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env or clean_env(),
+            cwd=sc.workdir,
         )
     assert sc.proc.stdout is not None
     deadline = time.monotonic() + 30
@@ -198,11 +249,25 @@ def start_sidecar(
     if "listening" not in line:
         sc.stop(signal.SIGKILL)
         raise AssertionError(f"proxy did not start: {sc.log.read_text()[-2000:]}")
-    sc.start_line = line.strip()
-    match = START.search(line)
-    assert match, line
-    sc.proxy_url = f"http://127.0.0.1:{match['port']}"
-    admin_match = re.search(r"admin ([\d.]+):(\d+)", line)
-    if admin_match:
-        sc.admin_url = f"http://{admin_match[1]}:{admin_match[2]}"
-    return sc
+    return line
+
+
+def _start_in_process(
+    sc: Sidecar, *, admin: bool, env: dict[str, str] | None, sweep_interval: float | None
+) -> str:
+    from inprocess import InProcess
+
+    from ctrlrun.proxy.server import ProxySettings
+
+    settings = ProxySettings(
+        policy=str(sc.policy),
+        listen=("127.0.0.1", 0),
+        store_url=sc.store_url,
+        principal="e2e-agent",
+        admin=("127.0.0.1", free_port()) if admin else None,
+        confdir=str(sc.workdir / "mitm"),
+        sweep_interval=60.0 if sweep_interval is None else sweep_interval,
+    )
+    variables = {"STRIPE_E2E_KEY": STRIPE_KEY, **(env or {})}
+    sc.inproc = InProcess(settings, sc.log, variables)
+    return sc.inproc.start()

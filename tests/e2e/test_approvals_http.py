@@ -34,7 +34,9 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 def sc(
     tmp_path_factory: pytest.TempPathFactory, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> Iterator[Sidecar]:
-    sidecar = start_sidecar(tmp_path_factory.mktemp("approvals"), *remotes, reconcile="off")
+    sidecar = start_sidecar(
+        tmp_path_factory.mktemp("approvals"), *remotes, reconcile="off", in_process=True
+    )
     yield sidecar
     sidecar.stop()
 

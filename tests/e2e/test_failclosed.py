@@ -1,8 +1,9 @@
 """Fail closed: a protected write that meets a broken ledger is refused, never forwarded;
 reads keep flowing.
 
-This runs ``ctrlrun proxy`` on a throwaway PostgreSQL database and then stops that database
-from accepting connections (and ends the ones it has), so every store call really fails.
+This runs the proxy (in this process) on a throwaway PostgreSQL database and then stops that
+database from accepting connections (and ends the ones it has), so every store call really
+fails.
 Internal errors, one collaborator at a time, are in ``tests/proxy/test_addon.py``.
 """
 
@@ -87,7 +88,7 @@ def test_store_down_refuses_writes_unforwarded_and_reads_still_pass(
 ) -> None:
     stripe, kube = fakes
     pi = stripe.add_payment_intent(amount=5000)
-    sc = start_sidecar(tmp_path, stripe, kube, admin=True, store_url=database.url)
+    sc = start_sidecar(tmp_path, stripe, kube, admin=True, store_url=database.url, in_process=True)
     kube_client = httpx.Client(base_url=sc.kube_base, timeout=30, trust_env=False)
     try:
         with kube_client:

@@ -1,4 +1,5 @@
-"""``kubectl scale`` through the sidecar's reverse listener: recorded once, refused after."""
+"""``kubectl scale`` through ``ctrlrun proxy`` (a subprocess) and its reverse listener:
+recorded once, refused after."""
 
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def kubectl(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], f
 
 
 def test_kubectl_scale_is_recorded_and_a_second_one_refused_promptly(
-    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+    sidecar_command: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
 ) -> None:
+    sidecar = sidecar_command  # the real command: the product as kubectl's user runs it
     _, kube = fakes
     home = tmp_path / "home"
     home.mkdir()

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
+from inprocess import cli
 from prometheus_client.parser import text_string_to_metric_families
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -47,22 +48,23 @@ upstreams:
 
 
 def run_proxy(tmp_path: Path, policy: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ctrlrun proxy`` as a process; with ``--check`` in this process (it only validates)."""
+    argv = [
+        "proxy",
+        "--policy",
+        str(policy),
+        "--listen",
+        "127.0.0.1:0",
+        "--store-url",
+        f"sqlite:///{tmp_path / 'state.db'}",
+        "--confdir",
+        str(tmp_path / "mitm"),
+        *args,
+    ]
+    if "--check" in args:
+        return cli(argv, clean_env())
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ctrlrun.cli",
-            "proxy",
-            "--policy",
-            str(policy),
-            "--listen",
-            "127.0.0.1:0",
-            "--store-url",
-            f"sqlite:///{tmp_path / 'state.db'}",
-            "--confdir",
-            str(tmp_path / "mitm"),
-            *args,
-        ],
+        [sys.executable, "-m", "ctrlrun.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -146,8 +148,20 @@ def test_check_refuses_a_missing_policy_a_busy_port_and_an_unreachable_store(
 
 @pytest.fixture
 def running(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
+    """``ctrlrun proxy`` as a subprocess: its signals are the point."""
     stripe, kube = fakes
     sc = start_sidecar(tmp_path, stripe, kube, admin=True)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+@pytest.fixture
+def admin_sidecar(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
+    """The proxy with its admin listener, in this process."""
+    stripe, kube = fakes
+    sc = start_sidecar(tmp_path, stripe, kube, admin=True, in_process=True)
     try:
         yield sc
     finally:
@@ -221,7 +235,10 @@ def decisions(admin_url: str) -> dict[tuple[str, str], float]:
     return found
 
 
-def test_admin_health_readiness_and_metrics_that_move_with_traffic(running: Sidecar) -> None:
+def test_admin_health_readiness_and_metrics_that_move_with_traffic(
+    admin_sidecar: Sidecar,
+) -> None:
+    running = admin_sidecar
     assert running.admin_url.startswith("http://127.0.0.1:")
     get = httpx.Client(base_url=running.admin_url, timeout=10, trust_env=False)
     with get:

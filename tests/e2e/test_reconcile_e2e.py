@@ -126,9 +126,7 @@ def test_the_sweep_settles_an_ambiguous_effect_without_a_retry(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = fakes
-    sc = start_sidecar(
-        tmp_path, stripe, kube, reconcile="lazy", extra_args=("--sweep-interval", "1")
-    )
+    sc = start_sidecar(tmp_path, stripe, kube, reconcile="lazy", sweep_interval=1, in_process=True)
     try:
         kube.fail_next("commit_then_drop")
         lost = patch_scale(sc, 6)
@@ -156,9 +154,7 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
 ) -> None:
     stripe, kube = fakes
     kube.add_deployment(namespace="default", name="web", replicas=2)
-    sc = start_sidecar(
-        tmp_path, stripe, kube, reconcile="lazy", extra_args=("--sweep-interval", "0")
-    )
+    sc = start_sidecar(tmp_path, stripe, kube, reconcile="lazy", sweep_interval=0, in_process=True)
     try:
         kube.fail_next("commit_then_drop")
         assert patch_scale(sc, 6).status_code == 504
@@ -184,9 +180,10 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
 
 
 def killed_mid_request(
-    tmp_path: Path, stripe: FakeStripe, kube: FakeKubernetes, *, sweep_interval: str
+    tmp_path: Path, stripe: FakeStripe, kube: FakeKubernetes, *, sweep_interval: float
 ) -> Sidecar:
-    """Kill a proxy (SIGKILL) while its write hangs upstream; return a restarted proxy."""
+    """Kill ``ctrlrun proxy`` (SIGKILL) while its write hangs upstream; return a restarted
+    proxy (in this process: only the kill needs the real command)."""
     first = start_sidecar(tmp_path, stripe, kube)
     kube.fail_next("hang")
     agent = threading.Thread(target=lambda: _swallow(patch_scale, first, 6), daemon=True)
@@ -198,7 +195,7 @@ def killed_mid_request(
     first.stop(signal.SIGKILL)
     agent.join(30)
     assert first.effect_state(KEY) == "executing"  # the crash's leftover, lease still live
-    return start_sidecar(tmp_path, stripe, kube, extra_args=("--sweep-interval", sweep_interval))
+    return start_sidecar(tmp_path, stripe, kube, sweep_interval=sweep_interval, in_process=True)
 
 
 def _swallow(fn: Any, *args: Any) -> None:
@@ -225,7 +222,7 @@ def test_a_killed_proxys_leftover_is_reconciled_once_its_lease_expires(
 ) -> None:
     stripe, kube = fakes
     # No sweep here: the reconciliation below must be the retry's own.
-    sc = killed_mid_request(tmp_path, stripe, kube, sweep_interval="0")
+    sc = killed_mid_request(tmp_path, stripe, kube, sweep_interval=0)
     try:
         live = patch_scale(sc, 6)
         assert live.status_code == 403  # a live lease: never take a request that may be running
@@ -248,7 +245,7 @@ def test_a_killed_proxys_leftover_is_swept_without_a_retry(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = fakes
-    sc = killed_mid_request(tmp_path, stripe, kube, sweep_interval="1")
+    sc = killed_mid_request(tmp_path, stripe, kube, sweep_interval=1)
     try:
         expire_lease(sc, KEY)
         every = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)

@@ -1,9 +1,13 @@
 """The official stripe client through a running ``ctrlrun proxy`` (reverse listener, plain
-HTTP): at most once, honest about lost replies, and never retried into a second refund."""
+HTTP): at most once, honest about lost replies, and never retried into a second refund.
+
+The proxy runs in this process (``inprocess.py``): these test what it decides, over real
+sockets with the real client; the command itself is driven in ``test_stripe_tls.py``,
+``test_secrets.py`` and ``test_proxy_cli.py``.
+"""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections import Counter
@@ -40,37 +44,33 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
         yield fake, kube
 
 
-@pytest.fixture(scope="module")
-def plain(
-    tmp_path_factory: pytest.TempPathFactory, remotes: tuple[FakeStripe, FakeKubernetes]
-) -> Iterator[Sidecar]:
+# One proxy in this process at a time (mitmproxy's master is process-wide): each test gets its
+# own, started in well under a second.
+
+
+@pytest.fixture
+def plain(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar with no reconciler: an ambiguous attempt stays ambiguous."""
-    sc = start_sidecar(tmp_path_factory.mktemp("plain"), *remotes, reconcile="off")
+    sc = start_sidecar(tmp_path, *remotes, reconcile="off", in_process=True)
     yield sc
     sc.stop()
 
 
-@pytest.fixture(scope="module")
-def eager(
-    tmp_path_factory: pytest.TempPathFactory, remotes: tuple[FakeStripe, FakeKubernetes]
-) -> Iterator[Sidecar]:
+@pytest.fixture
+def eager(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar that asks the Stripe reconciler right after an ambiguous attempt."""
-    sc = start_sidecar(tmp_path_factory.mktemp("eager"), *remotes, reconcile="eager")
+    sc = start_sidecar(tmp_path, *remotes, reconcile="eager", in_process=True)
     yield sc
     sc.stop()
 
 
-@pytest.fixture(scope="module")
-def unreachable(
-    tmp_path_factory: pytest.TempPathFactory, remotes: tuple[FakeStripe, FakeKubernetes]
-) -> Iterator[Sidecar]:
+@pytest.fixture
+def unreachable(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar whose Stripe upstream is a closed loopback port."""
     closed = f"http://127.0.0.1:{free_port()}"
     text = POLICY.replace("url: {stripe}", f"url: {closed}")
     assert text != POLICY
-    sc = start_sidecar(
-        tmp_path_factory.mktemp("unreachable"), *remotes, policy_text=text, reconcile="off"
-    )
+    sc = start_sidecar(tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True)
     yield sc
     sc.stop()
 
@@ -345,7 +345,7 @@ def test_same_key_retry_is_not_replayed_once_the_policy_denies_it(
     tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = remotes
-    sc = start_sidecar(tmp_path, stripe, kube, reconcile="off")
+    sc = start_sidecar(tmp_path, stripe, kube, reconcile="off", in_process=True)
     try:
         pi = stripe.add_payment_intent(amount=5000)["id"]
         headers = {"Authorization": f"Bearer {STRIPE_KEY}", "Idempotency-Key": f"deny-{pi}"}
@@ -360,8 +360,7 @@ def test_same_key_retry_is_not_replayed_once_the_policy_denies_it(
                 .replace("      - decision: approve\n", "      - decision: deny\n")
             )
             sc.policy.write_text(denying)
-            assert sc.proc is not None
-            sc.proc.send_signal(signal.SIGHUP)
+            sc.reload()
             deadline = time.monotonic() + 20
             while "policy reloaded" not in sc.log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from ctrlrun.proxy.config_parse import policy_from_yaml, proxy_config
 from ctrlrun.proxy.forward import Forwarded, Forwarder
 from ctrlrun.proxy.guard import Guard, Handled
 from ctrlrun.proxy.routes import PassThrough, Request
+from ctrlrun.receipts import load_receipts
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.testing import FakeStripe
 
@@ -38,7 +40,7 @@ POLICY = """\
 schema: ctrlrun.policy/v2
 actions:
   stripe.refund:
-    effect: "refund:{{payment_id}}"
+    effect: "{effect}"
     decision: allow
 upstreams:
   stripe:
@@ -86,9 +88,12 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
 
 
 def make_control(
-    tmp_path: Path, url: str = "http://127.0.0.1:9", reconcile: str = "off"
+    tmp_path: Path,
+    url: str = "http://127.0.0.1:9",
+    reconcile: str = "off",
+    effect: str = "refund:{payment_id}",
 ) -> Control:
-    policy = policy_from_yaml(POLICY.format(url=url, reconcile=reconcile))
+    policy = policy_from_yaml(POLICY.format(url=url, reconcile=reconcile, effect=effect))
     return Control(policy, SQLiteStateStore(tmp_path / "state.db"))
 
 
@@ -338,3 +343,67 @@ def test_a_store_failure_before_forwarding_is_counted_and_refused(
     )
     assert forwarder.calls == []
     assert guard.metrics.store_errors._value.get() == 1
+
+
+# -- what the agent reads when the reply is lost ---------------------------------------------
+
+
+def test_a_cut_reply_tells_the_agent_how_far_it_got_in_words(tmp_path: Path) -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        size = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(size)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n" + b"x" * 120)
+        await writer.drain()
+        writer.transport.abort()
+
+    async def main() -> tuple[Handled, Control]:
+        server = await asyncio.start_server(cut, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ctl = make_control(tmp_path, url=f"http://127.0.0.1:{port}")
+        forwarder = Forwarder(proxy_config(ctl.policy).upstreams)
+        try:
+            return handled(await refund(Guard(lambda: ctl, forwarder, {}), ctl)), ctl
+        finally:
+            await forwarder.aclose()
+            server.close()
+
+    got, ctl = run(main)
+    try:
+        assert (got.outcome, got.response.status) == ("upstream_ambiguous", 504)
+        message = json.loads(got.response.body)["error"]["message"]
+        assert "the connection closed after 120 of 500 body bytes" in message
+        assert "IncompleteReadError" not in message
+        with ctl.store.reading() as conn:
+            record = ledger.get_effect(conn, KEY)
+        # 2xx decides the record even though the body was cut; the agent is told it was lost.
+        assert record is not None and record.state.value == "committed"
+    finally:
+        ctl.store.close()
+
+
+def test_an_unresolvable_effect_key_is_refused_with_a_receipt(tmp_path: Path) -> None:
+    ctl = make_control(tmp_path, effect="refund:{payment_id}:{order}")  # no order given
+    forwarder = Gated(OK)
+
+    async def main() -> Handled:
+        guard = Guard(lambda: ctl, forwarder, {})  # type: ignore[arg-type]
+        return handled(await refund(guard, ctl))
+
+    try:
+        got = run(main)
+        assert (got.outcome, got.reason, got.response.status) == (
+            "invalid_request",
+            "effect_key_error",
+            400,
+        )
+        assert forwarder.calls == []
+        with ctl.store.reading() as conn:
+            receipts = [r.document for r in load_receipts(conn)]
+        assert [(r["receipt_id"], r["result"]) for r in receipts] == [(got.receipt_id, "denied")]
+    finally:
+        ctl.store.close()
