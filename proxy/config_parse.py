@@ -41,6 +41,7 @@ from .config import (
     RouteReconcile,
     Upstream,
 )
+from .route_values import WRITE_METHODS
 
 PROFILES = ("stripe", "kubernetes", "http")
 # Upstream keys that every profile takes; PROFILE_ONLY adds the rest.
@@ -56,7 +57,6 @@ ROUTE_KEYS = frozenset({"method", "path", "action", "reconcile"})
 ROUTE_RECONCILE_KEYS = ("get", "committed", "not_executed")
 RECONCILE_MODES = ("eager", "lazy", "off")
 UPSTREAM_KEYS = frozenset(COMMON_KEYS) | PROFILE_ONLY.keys()
-WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 DEFAULT_PORTS = {"https": 443, "http": 80}
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 _HOSTNAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")

@@ -14,7 +14,8 @@ from ctrlrun.templates import TemplateSyntaxError, parse_template
 
 MAX_BODY = 1024 * 1024
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The methods a route may name, in the order messages list them (config_parse uses it too).
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 # Unicode category Cc is exactly C0, DEL and C1: what can split a header or a log line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
