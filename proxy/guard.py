@@ -289,7 +289,7 @@ class Guard:
             self.metrics.reconciliations.labels("unknown").inc()
             return "no answer in time (unknown)"
         except Exception as exc:  # the ledger failed under the reconciliation: nothing moved
-            log.warning("eager reconciliation of %s failed: %s", p.effect_key, exc)
+            log.warning("eager reconciliation of %s failed: %s", p.effect_key, type(exc).__name__)
             found = None
         self.metrics.reconciliations.labels(str(found or "unknown")).inc()
         return str(found or "unknown")
