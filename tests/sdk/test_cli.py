@@ -255,3 +255,76 @@ def test_init_writes_a_loadable_policy(tmp_path: Path) -> None:
     Policy.from_file(tmp_path / "ctrlrun.yaml")
     again = invoke(["init"], tmp_path)
     assert again.code == 1 and "already exists" in again.err
+
+
+def test_json_output_is_json_lines_only(store: SQLiteStateStore, tmp_path: Path) -> None:
+    """An empty ledger prints nothing under --json; people still get a sentence without it."""
+    for command, sentence in [
+        (["effects"], "no effects yet\n"),
+        (["effects", "--state", "ambiguous"], "no effects are ambiguous\n"),
+        (["receipts"], "no receipts yet\n"),
+        (["approvals"], "no pending approvals\n"),
+    ]:
+        quiet = invoke([*command, "--json"], tmp_path)
+        assert (quiet.code, quiet.out, quiet.err) == (0, "", ""), command
+        assert invoke(command, tmp_path).out == sentence
+
+
+def test_json_lines_parse_one_by_one(filled: dict[str, Any], tmp_path: Path) -> None:
+    for command in (["effects"], ["receipts"], ["approvals"]):
+        lines = invoke([*command, "--json"], tmp_path).out.splitlines()
+        assert lines and all(isinstance(json.loads(line), dict) for line in lines), command
+
+
+@pytest.fixture
+def many(control: Control, clock: Any) -> int:
+    """105 committed effects, one second apart, refund:p0 the oldest."""
+
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> None: ...
+
+    with context("bot"):
+        for i in range(105):
+            refund(f"p{i}", 1)
+            clock.advance(seconds=1)
+    return 105
+
+
+def test_effects_shows_the_newest_100_by_default(many: int, tmp_path: Path) -> None:
+    ran = invoke(["effects"], tmp_path)
+    keys = [line.split("  ")[0] for line in ran.out.splitlines()]
+    assert keys == [f"refund:p{i}" for i in range(104, 4, -1)]
+    assert "newest 100" in ran.err and "--all" in ran.err
+    as_json = invoke(["effects", "--json"], tmp_path)
+    assert len(as_json.out.splitlines()) == 100 and "--all" in as_json.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown", "cut"),
+    [(["--limit", "3"], 3, True), (["--limit", "105"], 105, False), (["--all"], 105, False)],
+)
+def test_effects_limit_and_all(
+    many: int, tmp_path: Path, flags: list[str], shown: int, cut: bool
+) -> None:
+    ran = invoke(["effects", *flags], tmp_path)
+    assert ran.code == 0
+    keys = [line.split("  ")[0] for line in ran.out.splitlines()]
+    assert keys == [f"refund:p{i}" for i in range(104, 104 - shown, -1)]
+    assert ("--all" in ran.err) is cut
+
+
+@pytest.mark.parametrize("flags", [["--limit", "0"], ["--limit", "x"], ["--limit", "2", "--all"]])
+def test_effects_bad_limits_are_usage_errors(
+    store: SQLiteStateStore, tmp_path: Path, flags: list[str]
+) -> None:
+    ran = invoke(["effects", *flags], tmp_path)
+    assert ran.code == 2 and ran.out == ""
+    assert "--limit" in ran.err
+
+
+def test_the_console_entry_point_is_the_cli_main() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="ctrlrun")
+    assert script.value == "ctrlrun.cli:main"
+    assert script.load() is main

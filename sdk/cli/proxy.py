@@ -1,6 +1,6 @@
-"""The sidecar's commands: ``proxy``, ``demo``, ``reconcile`` and ``policy check``.
+"""The sidecar's commands: ``proxy`` and ``demo``.
 
-They import the proxy lazily, so the kernel's CLI works without the ``proxy`` extra.
+They import the proxy when run, so the other commands work without the ``proxy`` extra.
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import sys
 
 import click
 
-from .cli import errors, main, reader, store_option
-from .errors import MissingDependency
+from ctrlrun.errors import MissingDependency
+
+from .common import errors, store_option
 
 
-@main.command()
+@click.command()
 @click.option(
     "--dir",
     "workdir",
@@ -35,7 +36,7 @@ def demo(workdir: str) -> None:
     sys.exit(demo_module.main(workdir))
 
 
-@main.command()
+@click.command()
 @click.option(
     "--policy",
     "policy_file",
@@ -96,7 +97,7 @@ def proxy(
       ctrlrun proxy --policy ctrlrun.yaml --check
     SIGHUP reloads the policy; SIGTERM finishes in-flight protected requests, then stops.
     """
-    from .logsetup import configure
+    from ctrlrun.logsetup import configure
 
     try:
         from ctrlrun.proxy import server
@@ -116,72 +117,3 @@ def proxy(
         return
     configure(log_format)
     sys.exit(server.serve(settings))
-
-
-@main.command()
-@click.argument("effect_key", required=False)
-@click.option(
-    "--policy",
-    "policy_file",
-    metavar="FILE",
-    help="Policy file with the upstreams (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).",
-)
-@store_option
-@errors
-def reconcile(effect_key: str | None, policy_file: str | None, store_url: str | None) -> None:
-    """Ask the remote now what happened to one ambiguous effect, or to all of them.
-
-    \b
-    Examples:
-      ctrlrun reconcile refund:pi_123
-      ctrlrun reconcile               # every ambiguous effect with a reconciler
-    """
-    from ctrlrun.proxy import registry
-    from ctrlrun.proxy.config_parse import load_policy, proxy_config
-    from ctrlrun.reconcilers.sweep import sweep
-
-    from .control import Control
-
-    policy = load_policy(policy_file)
-    store = reader(store_url, policy_file)
-    results = sweep(
-        Control(policy, store),
-        registry.build(proxy_config(policy).upstreams),
-        keys=[effect_key] if effect_key else None,
-        ask_now=True,
-    )
-    if not results:
-        click.echo(
-            f"{effect_key}: nothing to reconcile"
-            if effect_key
-            else "no ambiguous effects to reconcile"
-        )
-        if effect_key:
-            sys.exit(1)
-        return
-    for key, answer in results:
-        click.echo(f"{key}  {answer}")
-
-
-@main.group()
-def policy() -> None:
-    """Work with policy files."""
-
-
-@policy.command("check")
-@click.argument("file", type=click.Path(dir_okay=False), default="ctrlrun.yaml")
-@errors
-def policy_check(file: str) -> None:
-    """Validate a policy file; list actions with no effect: template (no deduplication).
-
-    Example: ctrlrun policy check ctrlrun.yaml
-    """
-    from ctrlrun.proxy.config_parse import load_policy, proxy_config
-
-    loaded = load_policy(file)
-    click.echo(
-        f"{file}: ok ({loaded.schema}, {len(loaded.actions)} actions, "
-        f"{len(proxy_config(loaded).upstreams)} upstreams, mode {loaded.mode})"
-    )
-    for name in loaded.actions_without_effect():
-        click.echo(f"warning: {name} has no effect: template; its writes cannot be deduplicated")

@@ -1,0 +1,86 @@
+"""Answering humans' questions: ``approvals``, ``approve`` and ``deny``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ctrlrun.action import utc_now
+from ctrlrun.errors import ApprovalMismatch
+
+from .common import errors, fail, json_option, reader, say, store_option
+
+
+@click.command()
+@json_option
+@store_option
+@errors
+def approvals(as_json: bool, store_url: str | None) -> None:
+    """List pending approval requests: the action and the arguments a human is asked to approve.
+
+    Example: ctrlrun approvals && ctrlrun approve apr_…
+    """
+    from ctrlrun import ledger
+
+    store = reader(store_url)
+    with store.reading() as conn:
+        pending = ledger.pending_approvals(conn)
+    if not pending:
+        say("no pending approvals", as_json=as_json)
+    for row in pending:
+        action = json.loads(row["action_json"])
+        if as_json:
+            document = {
+                "request_id": row["approval_id"],
+                "action": action,
+                "created_at": row["created_at"],
+                "expires_at": row["expires_at"],
+            }
+            click.echo(json.dumps(document))
+            continue
+        click.echo(
+            f"{row['approval_id']}  {action['name']}  "
+            f"{json.dumps(action['arguments'], sort_keys=True)}"
+            f"  agent {action['principal']['agent']}  expires {row['expires_at']}"
+        )
+
+
+def _answer(request_id: str, grant: bool, store_url: str | None) -> None:
+    from ctrlrun.approvals import answer
+
+    store = reader(store_url)
+    try:
+        with store.transaction() as conn:
+            row = answer(conn, request_id, grant=grant, approver="cli:local", now=utc_now())
+    except ApprovalMismatch as exc:
+        fail(str(exc), 1)
+    if grant:
+        click.echo(f"granted {request_id} for {row['action_hash']}")
+        click.echo(f"expires {row['expires_at']}")
+    else:
+        click.echo(f"denied {request_id}")
+
+
+@click.command()
+@click.argument("request_id")
+@store_option
+@errors
+def approve(request_id: str, store_url: str | None) -> None:
+    """Grant a pending approval request (single use, for exactly that action).
+
+    Example: ctrlrun approve apr_0123456789abcdef0123456789abcdef
+    """
+    _answer(request_id, True, store_url)
+
+
+@click.command()
+@click.argument("request_id")
+@store_option
+@errors
+def deny(request_id: str, store_url: str | None) -> None:
+    """Deny a pending approval request; presenting it later is recorded as denied.
+
+    Example: ctrlrun deny apr_0123456789abcdef0123456789abcdef
+    """
+    _answer(request_id, False, store_url)
