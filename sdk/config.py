@@ -1,17 +1,17 @@
-"""Where the policy and the ledger are: the one module that reads the environment."""
+"""Where the policy and the ledger are: the one module that reads the environment.
+
+It imports nothing that builds on it (the policy, the Control), so every module may use it.
+"""
 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument, PolicyError
 
 if TYPE_CHECKING:
-    from .control import Control
-    from .policy import Policy
     from .store import StateStore
 
 
@@ -54,30 +54,6 @@ def open_default_store(
     return open_store(store_url(explicit, policy), create=create)
 
 
-def load_policy(path: str | os.PathLike[str] | None = None) -> Policy:
-    from .policy import Policy
-
-    return Policy.from_file(policy_path(path))
-
-
-def default_control(path: str | os.PathLike[str] | None = None) -> Control:
-    """A Control on the configured policy and ledger."""
-    from .control import Control
-
-    resolved = policy_path(path)
-    policy = load_policy(resolved)
-    environment = os.environ.get("CTRLRUN_ENVIRONMENT") or "production"
-    return Control(policy, open_default_store(None, resolved), environment=environment)
-
-
-_default: Control | None = None
-_default_lock = threading.Lock()
-
-
-def process_control() -> Control:
-    """The process-wide Control that ``protect`` uses when none is given (built on first use)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = default_control()
-        return _default
+def environment() -> str:
+    """``$CTRLRUN_ENVIRONMENT``, recorded with every action (default ``production``)."""
+    return os.environ.get("CTRLRUN_ENVIRONMENT") or "production"

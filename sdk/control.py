@@ -69,9 +69,12 @@ class Control:
 
     @classmethod
     def from_file(cls, path: str | None = None) -> Control:
-        from .config import default_control
+        from .config import environment, open_default_store, policy_path
+        from .policy import Policy
 
-        return default_control(path)
+        resolved = policy_path(path)
+        policy = Policy.from_file(resolved)  # a bad policy leaves no ledger behind
+        return cls(policy, open_default_store(None, resolved), environment=environment())
 
     def evaluate(self, action: Action) -> Evaluation:
         return self.policy.evaluate(action.name, action.arguments)

@@ -34,6 +34,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from .action import canonical_bytes, sha256
 from .conditions import Condition, parse_conditions
+from .config import policy_path
 from .errors import PolicyError
 from .policy_sections import Section, SectionContext
 from .templates import Template, TemplateSyntaxError, parse_template
@@ -153,8 +154,6 @@ class Policy:
         invalid content raise ``PolicyError`` with one line naming the file (and line).
         ``sections`` are parsed too, and their values read back with ``section``.
         """
-        from .config import policy_path
-
         how = ""
         if path is None:
             if os.environ.get("CTRLRUN_CONFIG") is not None:

@@ -12,9 +12,9 @@ from typing import Any, TypeVar, cast
 
 from .action import Action
 from .attempt import Attempt, describe
-from .config import process_control
 from .context import attempt_token, current_principal, presented_approval, with_approval
 from .control import Control
+from .defaults import process_control
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument, NotExecuted
 from .reconcile import ReconcileHook
 from .templates import Template, TemplateSyntaxError, parse_template

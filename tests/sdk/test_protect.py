@@ -11,7 +11,7 @@ import pytest
 from sdk_support import POLICY, events, receipts
 
 import ctrlrun
-import ctrlrun.config
+import ctrlrun.defaults
 from ctrlrun import (
     ActionDenied,
     Control,
@@ -205,7 +205,7 @@ def test_default_control_from_configuration(
     monkeypatch.chdir(tmp_path)
     for var in ("CTRLRUN_CONFIG", "CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_ENVIRONMENT"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(ctrlrun.config, "_default", None)
+    monkeypatch.setattr(ctrlrun.defaults, "_default", None)
 
     @protect("refund")
     def refund(payment_id: str, amount: int) -> str:
@@ -216,7 +216,7 @@ def test_default_control_from_configuration(
         assert refund("p1", 5) == "ok"
         with pytest.raises(DuplicateEffect):
             refund("p1", 5)
-    default = ctrlrun.config._default
+    default = ctrlrun.defaults._default
     assert default is not None
     assert (tmp_path / ".ctrlrun" / "state.db").exists()
     default.store.close()
