@@ -56,7 +56,9 @@ SCHEMA_V1 = "ctrlrun.policy/v1"
 SCHEMA_V2 = "ctrlrun.policy/v2"
 SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
 # The file format: every top-level key, and the first schema that has it. The loader parses
-# schema, actions and mode; a room parses its own sections (policy_sections.py).
+# schema, actions and mode itself, and the sections of KERNEL_SECTIONS; every other key belongs
+# to a room that hands its Section to the loader (policy_sections.py). A new section is one
+# line here plus its Section: in KERNEL_SECTIONS if the kernel reads it, else with its room.
 TOP_KEYS = {
     "schema": SCHEMA_V1,
     "actions": SCHEMA_V1,
@@ -64,6 +66,8 @@ TOP_KEYS = {
     "upstreams": SCHEMA_V2,  # the proxy's
     "agents": SCHEMA_V2,  # the proxy's
 }
+# Sections the kernel reads from every policy, whoever loads it.
+KERNEL_SECTIONS: tuple[Section[Any], ...] = ()
 ACTION_KEYS = {
     "decision": SCHEMA_V1,
     "rules": SCHEMA_V1,
@@ -260,10 +264,12 @@ def _sections(
     doc: YamlMap, root: Where, sections: Iterable[Section[Any]], context: SectionContext
 ) -> dict[str, object]:
     parsed: dict[str, object] = {}
-    for section in sections:
+    for section in (*KERNEL_SECTIONS, *sections):
+        # Programming errors, not bad files: the format names every top-level key, once.
         if section.name not in TOP_KEYS or section.name in _OWN_KEYS:
-            # A programming error, not a bad file: the format names every top-level key.
             raise ValueError(f"{section!r} is not a top-level key that a room may parse")
+        if section.name in parsed:
+            raise ValueError(f"{section!r} is given to the loader twice")
         if section.name in doc:
             value = section.parse(doc[section.name], root.key(doc, section.name), context)
         else:

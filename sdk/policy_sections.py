@@ -11,7 +11,11 @@ process, but it parses only its own. A room hands the loader the sections it own
 A section the loader is not given stays plain data, checked for YAML hygiene only: an SDK
 process reading a file that also configures the proxy loads it, and the section remains the
 proxy's business. Adding a section: its name in ``TOP_KEYS``, its ``Section`` where it is
-parsed.
+parsed (and in ``policy.KERNEL_SECTIONS`` when the kernel itself reads it from every file).
+
+Why handed over at each load, not registered in a table when the proxy is imported: the same
+``Policy.from_file(path)`` would then validate ``upstreams:`` or not depending on which modules
+some other code had imported first; handed over, what a load checks is in the call.
 """
 
 from __future__ import annotations
