@@ -19,8 +19,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 
 log = logging.getLogger(__name__)
@@ -55,33 +56,27 @@ class StateStore:
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """One write transaction; on SQLite it holds the database write lock from the start."""
-        try:
-            with self.engine.connect() as conn:
-                self._begin(conn)
-                try:
-                    yield conn
-                except BaseException:
-                    conn.rollback()
-                    raise
-                conn.commit()
-        except SQLAlchemyError as exc:
-            raise StoreError(f"ledger at {self.location}: {_one_line(exc)}") from exc
+        with map_driver_errors(f"ledger at {self.location}"), self.engine.connect() as conn:
+            self._begin(conn)
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A read-only transaction (never takes the write lock)."""
-        try:
-            with self.engine.connect() as conn:
-                if self.dialect == "sqlite":
-                    conn.exec_driver_sql("BEGIN")
-                else:
-                    conn.begin()
-                try:
-                    yield conn
-                finally:
-                    conn.rollback()
-        except SQLAlchemyError as exc:
-            raise StoreError(f"ledger at {self.location}: {_one_line(exc)}") from exc
+        with map_driver_errors(f"ledger at {self.location}"), self.engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.begin()
+            try:
+                yield conn
+            finally:
+                conn.rollback()
 
     def ping(self) -> None:
         """Raise ``StoreError`` unless the ledger answers."""
@@ -105,7 +100,7 @@ class StateStore:
             conn.begin()
 
     def _open(self, create: bool) -> None:
-        try:
+        with map_driver_errors(f"cannot open the ledger at {self.location}"):  # noqa: SIM117
             with self.engine.connect() as conn:
                 self._begin(conn)
                 if self.dialect == "postgresql":
@@ -129,10 +124,6 @@ class StateStore:
                 # migrations are additive, and this code cannot read the older schema.
                 _migrate(conn)
                 conn.commit()
-        except SQLAlchemyError as exc:
-            raise StoreError(
-                f"cannot open the ledger at {self.location}: {_one_line(exc)}"
-            ) from exc
 
 
 def _current_revision(conn: Connection) -> str | None:
@@ -294,10 +285,3 @@ def open_store(url: str, *, create: bool = True) -> StateStore:
     raise InvalidArgument(
         f"unsupported store URL scheme {parsed.drivername!r}: use sqlite:///PATH or postgresql://…"
     )
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig
-    text_ = str(exc).strip().splitlines()
-    return text_[0] if text_ else type(exc).__name__
