@@ -1,8 +1,11 @@
-"""Approvals: bound to one action hash, single use, expiring."""
+"""Approvals: bound to one action hash, single use, expiring.
+
+Requesting and consuming an approval are part of admission (``admission.py`` plans them,
+``writer.py`` writes them); this module checks a row and records a human's answer.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -10,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .action import Action, iso, new_id, parse_iso
-from .errors import ActionDenied, ApprovalMismatch, InvalidArgument
+from .action import iso, parse_iso
+from .errors import ApprovalMismatch, InvalidArgument
 from .events import EventType
-from .ledger import append_event, approval_row, insert_approval, move_approval
+from .ledger import append_event, approval_row, move_approval
 
 DEFAULT_TTL = timedelta(minutes=15)
 
@@ -42,63 +45,6 @@ def check_consumable(
     if now > parse_iso(row["expires_at"]):
         return "expired"
     return None
-
-
-def request_approval(
-    conn: Connection, action: Action, now: datetime, ttl: timedelta, policy_hash: str
-) -> str:
-    request_id = new_id("apr")
-    insert_approval(
-        conn,
-        {
-            "approval_id": request_id,
-            "action_hash": action.hash,
-            "status": "pending",
-            "action_json": json.dumps(action.canonical_document(), sort_keys=True),
-            "created_at": iso(now),
-            "expires_at": iso(now + ttl),
-            "policy_hash": policy_hash,
-        },
-    )
-    append_event(
-        conn,
-        now,
-        EventType.APPROVAL_REQUESTED,
-        action_id=action.action_id,
-        approval_id=request_id,
-        data={"action_hash": action.hash, "expires_at": iso(now + ttl)},
-    )
-    return request_id
-
-
-def consume(conn: Connection, approval_id: str, action: Action, now: datetime) -> Approval:
-    """Consume a granted approval for ``action`` or raise why not (records the refusal)."""
-    row = approval_row(conn, approval_id)
-    reason = check_consumable(row, approval_id, action.hash, now)
-    if reason == "denied":
-        raise ActionDenied(
-            "approval_denied", f"{action.name} denied: approval {approval_id} was denied"
-        )
-    if reason is not None:
-        if (
-            reason == "expired"
-            and row is not None
-            and move_approval(conn, approval_id, old="granted", new="expired", values={})
-        ):
-            append_event(
-                conn,
-                now,
-                EventType.APPROVAL_EXPIRED,
-                action_id=action.action_id,
-                approval_id=approval_id,
-            )
-        raise ApprovalMismatch(reason, approval_id=approval_id)
-    assert row is not None
-    if not move_approval(
-        conn, approval_id, old="granted", new="consumed", values={"consumed_at": iso(now)}
-    ):
-        raise ApprovalMismatch("consumed", approval_id=approval_id)
-    return Approval(approval_id, action.hash, row["approver"])
 
 
 def answer(

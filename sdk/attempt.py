@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,9 +15,9 @@ from .context import idempotency_token_for
 from .receipts import Receipt, write_receipt
 
 
-@dataclass
+@dataclass(frozen=True)
 class Attempt:
-    """One attempt that passed the gates and may execute."""
+    """One attempt at an action, as admission left it: what it holds and how it was decided."""
 
     action: Action
     effect_key: str | None
@@ -27,7 +28,7 @@ class Attempt:
     started_at: datetime
     approval: Approval | None = None
     held: bool = False  # this attempt holds the effect key
-    would_have: dict[str, Any] | None = None  # observe mode: what enforcement would have done
+    would_have: Mapping[str, str] | None = None  # observe mode: what enforcement would have done
     reconciled: bool = False  # the one reconcile call of this attempt has been made
 
     @property
@@ -78,7 +79,7 @@ def attempt_receipt(
     }
     if result == "observed":
         fields["execution"] = execution
-        fields["would_have"] = attempt.would_have
+        fields["would_have"] = None if attempt.would_have is None else dict(attempt.would_have)
     return write_receipt(conn, fields, event_pos=event_pos)
 
 

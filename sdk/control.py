@@ -1,38 +1,40 @@
 """The kernel: normalize -> decide -> approve -> reserve -> execute -> record.
 
-``Control.begin`` does everything before execution in one transaction and hands back an
-``Attempt``; ``Control.finish`` records the outcome and the receipt in a second one. The SDK
-runs a function between the two; the proxy forwards a request.
+``Control.begin`` gathers the facts of an attempt, has ``admission.plan_admission`` decide
+and ``writer.admit`` write the plan in one transaction, and hands back an ``Attempt``;
+``Control.finish`` records the outcome and the receipt in a second one. The SDK runs a
+function between the two; the proxy forwards a request.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import ledger
-from .action import Action, iso, parse_iso, utc_now
-from .approvals import DEFAULT_TTL, request_approval
+from .action import Action, Principal, iso, new_id, parse_iso, utc_now
+from .admission import Facts, Verdict
+from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, describe
 from .context import attempt_token
 from .errors import (
-    ActionDenied,
-    AmbiguousEffect,
     ApprovalMismatch,
-    ApprovalRequired,
     ApprovalTimeout,
     EffectKeyError,
     InvalidArgument,
     NotExecuted,
 )
 from .events import EventType
+from .policy import Decision
 from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler
-from .reservation import Gate, LostRace, reserve
 from .states import EffectState
+from .templates import Template
+from .writer import Admitted, admit
 
 if TYPE_CHECKING:
     from .policy import Evaluation, Policy
@@ -79,6 +81,26 @@ class Control:
     def evaluate(self, action: Action) -> Evaluation:
         return self.policy.evaluate(action.name, action.arguments)
 
+    def action(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        principal: Principal,
+        *,
+        resource: Template | None = None,
+    ) -> Action:
+        """The ``Action`` for a call, its resource resolved from ``resource`` or the policy's
+        ``resource:`` template. A template naming a missing argument: ``InvalidArgument``."""
+        action = Action(name, arguments, principal, None, self.environment)
+        template = resource or self.policy.resource_template(name)
+        if template is None:
+            return action
+        try:
+            res = template.resolve(action.arguments)
+        except EffectKeyError as exc:
+            raise InvalidArgument(f"{name}: resource {exc}") from exc
+        return replace(action, resource=res)
+
     # -- before execution --------------------------------------------------------------------
 
     def begin(
@@ -93,95 +115,49 @@ class Control:
         upstream: str | None = None,
     ) -> Attempt:
         """Decide, check the approval and reserve the effect key; raise the refusal if any."""
-        policy = self.policy
-        now = self.clock()
+        policy, now = self.policy, self.clock()
         evaluation = policy.evaluate(action.name, action.arguments)
-        decision, reason = evaluation.decision.value, evaluation.reason
-        observe = policy.mode == "observe"
-        attempt = Attempt(action, effect_key, 0, decision, reason, policy.policy_hash, now)
-        proposed = [
-            ledger.event_row(
-                now,
-                EventType.ACTION_PROPOSED,
-                action.action_id,
-                effect_key,
-                data={"action_hash": action.hash},
-            ),
-            ledger.event_row(
-                now,
-                EventType.POLICY_EVALUATED,
-                action.action_id,
-                effect_key,
-                data={"decision": decision, "reason": reason},
-            ),
-        ]
-        if observe and decision != "allow":
-            blocked = "approval_required" if decision == "approve" else reason
-            attempt.would_have = {"decision": decision, "reason": reason, "blocked_reason": blocked}
-        elif decision == "deny":
-            with self.store.transaction() as conn:
-                ledger.append_events(conn, proposed)
-                ledger.append_event(
-                    conn,
-                    now,
-                    EventType.ACTION_DENIED,
-                    action_id=action.action_id,
-                    effect_key=effect_key,
-                    data={"reason": reason},
-                )
-                receipt = attempt_receipt(conn, attempt, "denied", None, now)
-            log.info("%s denied (%s) receipt=%s", action.name, reason, receipt.receipt_id)
-            denied = ActionDenied(
-                reason, f"{action.name} denied: {reason}", action_id=action.action_id
-            )
-            denied.receipt_id = receipt.receipt_id
-            raise denied
-        elif decision == "approve" and approval_id is None:
-            with self.store.transaction() as conn:
-                ledger.append_events(conn, proposed)
-                request_id = request_approval(
-                    conn, action, now, self.approval_ttl, policy.policy_hash
-                )
-            log.info("%s needs approval %s", action.name, request_id)
-            raise ApprovalRequired(request_id, action_id=action.action_id)
+        asks = evaluation.decision is Decision.APPROVE and approval_id is None
+        facts = Facts(
+            action=action,
+            effect_key=effect_key,
+            evaluation=evaluation,
+            now=now,
+            lease=lease or self.lease,
+            policy_hash=policy.policy_hash,
+            mode=policy.mode,
+            window=policy.window(action.name),
+            approval_id=approval_id,
+            may_reconcile=reconcile is not None and effect_key is not None,
+            request_id=new_id("apr") if asks else None,
+            approval_ttl=self.approval_ttl,
+            idempotency_key=idempotency_key,
+            upstream=upstream,
+            started_at=now,
+        )
+        admitted = admit(self.store, facts)
+        if admitted.plan.verdict is Verdict.RECONCILE_FIRST:
+            assert reconcile is not None and effect_key is not None
+            self.reconciler.run(effect_key, reconcile, trigger="blocking")
+            again = replace(facts, now=self.clock(), may_reconcile=False, announced=True)
+            admitted = admit(self.store, again)
+            admitted = replace(admitted, attempt=replace(admitted.attempt, reconciled=True))
+        return self._admitted(admitted)
 
-        lease_for = lease or self.lease
-        window = policy.window(action.name)
-        for _ in range(3):  # a lazy reconcile or a lost insert race re-plans; bounded
-            gate = Gate()
-            try:
-                with self.store.transaction() as conn:
-                    ledger.append_events(conn, proposed)
-                    reserve(
-                        conn,
-                        attempt,
-                        gate,
-                        now,
-                        lease_for,
-                        window,
-                        reconcile,
-                        approval_id if decision == "approve" and not observe else None,
-                        idempotency_key,
-                        upstream,
-                        policy.mode == "observe",
-                    )
-            except LostRace:
-                # Another sidecar took the key between our read and our write. Everything this
-                # transaction wrote (an approval consumed, events) is rolled back: plan again.
-                continue
-            proposed = []
-            if gate.reconcile and reconcile is not None and effect_key is not None:
-                attempt.reconciled = True
-                self.reconciler.run(effect_key, reconcile, trigger="blocking")
-                now = self.clock()
-                continue
-            if gate.refusal is not None:
-                log.info("%s refused: %s", action.name, gate.refusal)
-                if gate.receipt is not None:
-                    gate.refusal.receipt_id = gate.receipt.receipt_id
-                raise gate.refusal
-            return attempt
-        raise AmbiguousEffect(effect_key or "", "the effect record kept moving; try again later")
+    def _admitted(self, admitted: Admitted) -> Attempt:
+        """Raise the plan's refusal (with its receipt's id), or hand back the attempt."""
+        plan, name = admitted.plan, admitted.attempt.action.name
+        receipt_id = None if admitted.receipt is None else admitted.receipt.receipt_id
+        if plan.refusal is None:
+            return admitted.attempt
+        refusal = plan.refusal
+        if plan.verdict is Verdict.DENY:
+            log.info("%s denied (%s) receipt=%s", name, refusal.reason, receipt_id)
+        elif plan.verdict is Verdict.NEEDS_APPROVAL:
+            log.info("%s needs approval %s", name, refusal.request_id)
+        else:
+            log.info("%s refused: %s receipt=%s", name, plan.verdict.value, receipt_id)
+        raise refusal.error(receipt_id)
 
     # -- after execution ---------------------------------------------------------------------
 
@@ -263,24 +239,46 @@ class Control:
         try:
             with attempt_token(attempt.held_key):
                 value = executor()
-        except NotExecuted as exc:
-            self.finish(attempt, "failed", error=describe(exc))
-            raise
         except BaseException as exc:
-            self.finish(attempt, "ambiguous", error=describe(exc))
-            if isinstance(exc, Exception):
-                self.eager_reconcile(attempt, reconcile, reconcile_eagerly)
+            self.settle(attempt, exc, reconcile=reconcile, reconcile_eagerly=reconcile_eagerly)
             raise
-        return value, self.finish(attempt, "committed")
+        return value, self.settle(attempt, None)
+
+    def settle(
+        self,
+        attempt: Attempt,
+        error: BaseException | None,
+        *,
+        reconcile: ReconcileHook | None = None,
+        reconcile_eagerly: bool = False,
+    ) -> Receipt:
+        """Record how an executed attempt ended: no error is committed, ``NotExecuted`` is
+        failed, anything else ambiguous (then asked eagerly, unless it was an interrupt)."""
+        if error is None:
+            return self.finish(attempt, "committed")
+        if isinstance(error, NotExecuted):
+            return self.finish(attempt, "failed", error=describe(error))
+        receipt = self.finish(attempt, "ambiguous", error=describe(error))
+        if isinstance(error, Exception):
+            self.eager_reconcile(attempt, reconcile, reconcile_eagerly)
+        return receipt
+
+    def release(self, attempt: Attempt, why: BaseException) -> Receipt:
+        """Record an attempt whose function never started (a cancelled call) as not executed."""
+        return self.finish(attempt, "failed", error=f"not started: {describe(why)}")
 
     def eager_reconcile(
         self, attempt: Attempt, hook: ReconcileHook | None, eagerly: bool
     ) -> str | None:
+        """Ask ``hook`` right after an ambiguous outcome, unless this attempt asked already.
+
+        Call it once per attempt: the attempt is a value, and remembers only the lazy call
+        ``begin`` made.
+        """
         if not eagerly or hook is None or attempt.effect_key is None or not attempt.held:
             return None
         if attempt.reconciled:
             return None
-        attempt.reconciled = True
         return self.reconciler.run(attempt.effect_key, hook, trigger="eager")
 
     def refuse_effect_key(self, action: Action, exc: EffectKeyError) -> Receipt:
@@ -320,9 +318,19 @@ class Control:
             )
             return attempt_receipt(conn, attempt, outcome, None, now, error=error)
 
-    def wait_for_approval(self, request_id: str, timeout: timedelta | None = None) -> None:
-        """Block until a human answers ``request_id`` (polling the ledger every 0.5 s)."""
+    def wait_for_approval(
+        self,
+        request_id: str,
+        timeout: timedelta | None = None,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Block until a human answers ``request_id`` (polling the ledger every 0.5 s).
+
+        ``stop`` set (a cancelled caller): raise ``ApprovalTimeout`` at the next poll.
+        """
         deadline = self.clock() + (timeout or self.approval_ttl)
+        stop = stop or threading.Event()
         while True:
             with self.store.reading() as conn:
                 row = ledger.approval_row(conn, request_id)
@@ -332,7 +340,8 @@ class Control:
                 return
             if self.clock() >= min(deadline, parse_iso(row["expires_at"])):
                 raise ApprovalTimeout(request_id)
-            time.sleep(0.5)
+            if stop.wait(0.5):
+                raise ApprovalTimeout(request_id, f"stopped waiting for approval {request_id}")
 
     def resolve(self, effect_key: str, state: str, *, resolved_by: str = "cli:local") -> None:
         self.reconciler.resolve(effect_key, state, resolved_by=resolved_by)

@@ -16,6 +16,10 @@ Every one of them derives from :class:`CTRLRunError`::
      +-- StoreError           the ledger could not be read or written
      |    +-- SchemaMismatch  the ledger's schema is newer than (or foreign to) this code
      +-- MissingDependency    an optional extra is not installed              .module .extra
+
+Every constructor takes ``receipt_id=`` (keyword only): the receipt that records the refusal,
+when one was written. ``DuplicateEffect`` takes its arguments as the reference library does:
+``DuplicateEffect(message=None, *, state, effect_key=None)``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 class CTRLRunError(Exception):
     """Base class of every ctrlrun error."""
 
-    receipt_id: str | None = None  # the receipt that records this refusal, when one was written
+    def __init__(self, *args: object, receipt_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.receipt_id = receipt_id  # the receipt that records this refusal, if one was written
 
 
 class InvalidArgument(CTRLRunError):
@@ -42,8 +48,15 @@ class EffectKeyError(CTRLRunError):
 class ActionDenied(CTRLRunError):
     """The policy, or the absence of a principal, refuses the action."""
 
-    def __init__(self, reason: str, message: str | None = None, *, action_id: str | None = None):
-        super().__init__(message or reason)
+    def __init__(
+        self,
+        reason: str,
+        message: str | None = None,
+        *,
+        action_id: str | None = None,
+        receipt_id: str | None = None,
+    ):
+        super().__init__(message or reason, receipt_id=receipt_id)
         self.reason = reason
         self.action_id = action_id
 
@@ -52,12 +65,18 @@ class ApprovalRequired(CTRLRunError):
     """The policy wants a human to approve this action first."""
 
     def __init__(
-        self, request_id: str, message: str | None = None, *, action_id: str | None = None
+        self,
+        request_id: str,
+        message: str | None = None,
+        *,
+        action_id: str | None = None,
+        receipt_id: str | None = None,
     ):
         super().__init__(
             message
             or f"approval required: run 'ctrlrun approve {request_id}', then retry inside "
-            f"ctrlrun.with_approval('{request_id}')"
+            f"ctrlrun.with_approval('{request_id}')",
+            receipt_id=receipt_id,
         )
         self.request_id = request_id
         self.action_id = action_id
@@ -66,9 +85,17 @@ class ApprovalRequired(CTRLRunError):
 class ApprovalMismatch(CTRLRunError):
     """The approval presented cannot be used for this action."""
 
-    def __init__(self, reason: str, message: str | None = None, *, approval_id: str | None = None):
+    def __init__(
+        self,
+        reason: str,
+        message: str | None = None,
+        *,
+        approval_id: str | None = None,
+        receipt_id: str | None = None,
+    ):
         super().__init__(
-            message or f"approval {approval_id or ''} refused: {reason}".replace("  ", " ")
+            message or f"approval {approval_id or ''} refused: {reason}".replace("  ", " "),
+            receipt_id=receipt_id,
         )
         self.reason = reason
         self.approval_id = approval_id
@@ -77,8 +104,12 @@ class ApprovalMismatch(CTRLRunError):
 class ApprovalTimeout(CTRLRunError):
     """Nobody answered an approval request in time."""
 
-    def __init__(self, request_id: str, message: str | None = None):
-        super().__init__(message or f"approval {request_id} was not answered in time")
+    def __init__(
+        self, request_id: str, message: str | None = None, *, receipt_id: str | None = None
+    ):
+        super().__init__(
+            message or f"approval {request_id} was not answered in time", receipt_id=receipt_id
+        )
         self.request_id = request_id
 
 
@@ -87,18 +118,19 @@ class DuplicateEffect(CTRLRunError):
 
     def __init__(
         self,
-        state: str,
-        effect_key: str,
         message: str | None = None,
         *,
+        state: str,
+        effect_key: str | None = None,
         action_id: str | None = None,
+        receipt_id: str | None = None,
     ):
         if message is None:
             if state == "committed":
                 message = f"effect {effect_key!r} was already committed by {action_id}"
             else:
                 message = f"effect {effect_key!r} is executing under {action_id}"
-        super().__init__(message)
+        super().__init__(message, receipt_id=receipt_id)
         self.state = state
         self.effect_key = effect_key
         self.action_id = action_id
@@ -108,12 +140,18 @@ class AmbiguousEffect(CTRLRunError):
     """Nobody knows whether the effect happened; a blind retry is refused."""
 
     def __init__(
-        self, effect_key: str, message: str | None = None, *, action_id: str | None = None
+        self,
+        effect_key: str,
+        message: str | None = None,
+        *,
+        action_id: str | None = None,
+        receipt_id: str | None = None,
     ):
         super().__init__(
             message
             or f"effect {effect_key!r} has an unknown outcome from {action_id}; resolve it with "
-            f"'ctrlrun resolve {effect_key}' before retrying"
+            f"'ctrlrun resolve {effect_key}' before retrying",
+            receipt_id=receipt_id,
         )
         self.effect_key = effect_key
         self.action_id = action_id
@@ -134,10 +172,11 @@ class SchemaMismatch(StoreError):
 class MissingDependency(CTRLRunError):
     """An optional extra is not installed."""
 
-    def __init__(self, module: str, extra: str):
+    def __init__(self, module: str, extra: str, *, receipt_id: str | None = None):
         super().__init__(
             f"{module!r} is not installed; it ships in the {extra!r} extra: "
-            f"pip install 'ctrlrun[{extra}]'"
+            f"pip install 'ctrlrun[{extra}]'",
+            receipt_id=receipt_id,
         )
         self.module = module
         self.extra = extra

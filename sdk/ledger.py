@@ -20,7 +20,7 @@ from .errors import StoreError
 from .events import EventType
 from .schema import GENESIS_HASH, approvals, receipt_chain
 from .schema import effects as E
-from .states import EffectRecord, EffectState, check_transition
+from .states import LEASE_EXPIRED, EffectRecord, EffectState, check_transition
 
 # The statements every decision runs are plain SQL on the driver's connection, inside the
 # caller's SQLAlchemy transaction: through Core each costs about 25 µs of Python on top of the
@@ -28,9 +28,10 @@ from .states import EffectRecord, EffectState, check_transition
 # engines (ON CONFLICT DO NOTHING and RETURNING need SQLite >= 3.35); only the parameter
 # style differs. Everything else in the kernel uses SQLAlchemy Core.
 _EFFECT_COLUMNS = tuple(c.name for c in E.columns)
+_EVENT_COLUMNS = ("ts", "type", "action_id", "effect_key", "approval_id", "data_json")
 _EVENT_INSERT = (
-    "INSERT INTO events (ts, type, action_id, effect_key, approval_id, data_json) "
-    "VALUES (:ts, :type, :action_id, :effect_key, :approval_id, :data_json)"
+    f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in _EVENT_COLUMNS)})"
 )
 _HOT = {
     "get_effect": f"SELECT {', '.join(_EFFECT_COLUMNS)} FROM effects WHERE effect_key = :key",
@@ -123,7 +124,7 @@ def get_effect_row(conn: Connection, key: str) -> Mapping[str, Any] | None:
 
 def insert_effect(conn: Connection, values: Mapping[str, Any]) -> bool:
     """Insert a new record; False when the key already exists (someone else won)."""
-    check_transition(EffectState.NEW, EffectState.RESERVED)
+    check_transition(EffectState.NEW, EffectState(values["state"]))
     sql = _insert_effect_sql(tuple(sorted(values)))
     return int(_run(conn, sql, dict(values)).rowcount) == 1
 
@@ -144,9 +145,6 @@ def move_effect(
     sql = _move_effect_sql(tuple(sorted(params)))
     params.update(k_key=key, k_old=old.value, k_action_id=action_id, k_attempt=attempt)
     return int(_run(conn, sql, params).rowcount) == 1
-
-
-LEASE_EXPIRED = "lease expired before an outcome was recorded"
 
 
 def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:
@@ -207,10 +205,28 @@ def append_event(
     return int(_run(conn, "insert_event_id", row).fetchone()[0])
 
 
-def append_events(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Append several events in one statement (rows as ``event_row`` builds them)."""
-    if rows:
+def append_events(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], *, returning: bool = False
+) -> int | None:
+    """Append several events in one statement (rows as ``event_row`` builds them).
+
+    ``returning=True``: one multi-row ``INSERT … RETURNING`` instead of ``executemany``, and
+    the id of the last event comes back (a receipt written next records it as its place).
+    """
+    if not rows:
+        return None
+    if not returning:
         _run(conn, "insert_event", [dict(r) for r in rows], many=True)
+        return None
+    params = {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS}
+    found = _run(conn, _events_returning_sql(len(rows)), params).fetchall()
+    return max(int(r[0]) for r in found)
+
+
+@functools.cache
+def _events_returning_sql(n: int) -> str:
+    values = ", ".join("(" + ", ".join(f":{c}_{i}" for c in _EVENT_COLUMNS) + ")" for i in range(n))
+    return f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES {values} RETURNING event_id"
 
 
 def event_row(

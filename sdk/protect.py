@@ -1,4 +1,15 @@
-"""``@protect``: the SDK entrance to the kernel, for ``def`` and ``async def`` functions."""
+"""``@protect``: the SDK entrance to the kernel, for ``def`` and ``async def`` functions.
+
+The decorator is a thin shell over a per-call handler, ``_Call``: it prepares the action and
+its effect key, admits the attempt (``Control.begin``), and settles what the function did
+(``Control.settle``). The sync wrapper runs it through ``Control.run``; the async wrapper runs
+the same handler's steps in worker threads around ``await fn(...)``, so there is one way a
+call is decided and recorded, whichever kind of function it is.
+
+Cancellation is honest: a cancelled async call waits until the ledger write it started has
+ended (that thread cannot be stopped), and a reservation taken for a function that will never
+start is released as not executed (``failed``), never left ``executing`` for its lease.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +17,24 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from .action import Action
-from .attempt import Attempt, describe
-from .context import attempt_token, current_principal, presented_approval, with_approval
+from .attempt import Attempt
+from .context import attempt_token, current_principal, presented_approval
 from .control import Control
 from .defaults import process_control
-from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument, NotExecuted
+from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
 from .reconcile import ReconcileHook
 from .templates import Template, TemplateSyntaxError, parse_template
 
 log = logging.getLogger("ctrlrun")
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def protect(
@@ -37,8 +51,9 @@ def protect(
     """Run the decorated function only as the policy allows, at most once per effect key.
 
     ``effect`` is a template over the function's arguments (``"refund:{payment_id}"``); a
-    second call resolving to a committed key raises ``DuplicateEffect``. ``reconcile`` is asked
-    what happened when an outcome is unknown (``reconcile_eagerly=True``: right away).
+    second call resolving to a committed key raises ``DuplicateEffect``. ``resource`` names
+    what the action touches (the policy's ``resource:`` when not given). ``reconcile`` is
+    asked what happened when an outcome is unknown (``reconcile_eagerly=True``: right away).
     Works on ``def`` and ``async def`` functions; returns the function's value.
     """
     if not isinstance(name, str) or not name:
@@ -58,91 +73,38 @@ def protect(
                     f"{fn.__qualname__}: *args/**kwargs are not allowed; every argument must be "
                     "nameable in policy"
                 )
-        warned: list[bool] = []
-
-        def prepare(
-            args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> tuple[Control, Action, str | None]:
-            principal = current_principal()
-            if principal is None:
-                log.warning("%s refused: no principal (use ctrlrun.context(agent=...))", name)
-                raise ActionDenied(
-                    "no_principal",
-                    f"{name} denied: no principal; call it inside ctrlrun.context(agent=...)",
-                )
-            ctl = control or process_control()
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            res = resource_tpl.resolve(arguments) if resource_tpl else None
-            action = Action(name, arguments, principal, res, ctl.environment)
-            policy_tpl = ctl.policy.effect_template(name)
-            tpl = effect_tpl or policy_tpl
-            if effect_tpl and policy_tpl and effect_tpl.text != policy_tpl.text and not warned:
-                warned.append(True)
-                log.warning(
-                    "%s: decorator effect %r overrides policy effect %r",
-                    name,
-                    effect_tpl.text,
-                    policy_tpl.text,
-                )
-            key = None
-            if tpl is not None:
-                try:
-                    key = tpl.resolve(action.arguments, resource=action.resource)
-                except EffectKeyError as exc:
-                    ctl.refuse_effect_key(action, exc)
-                    raise
-            if reconcile is not None and key is None and not warned:
-                warned.append(True)
-                log.warning("%s: reconcile hook given but the action has no effect key", name)
-            return ctl, action, key
-
-        def call_args(action: Action) -> tuple[list[Any], dict[str, Any]]:
-            values = action.canonical_arguments
-            positional, keyword = [], {}
-            for pname, param in signature.parameters.items():
-                if param.kind is param.POSITIONAL_ONLY:
-                    positional.append(values[pname])
-                else:
-                    keyword[pname] = values[pname]
-            return positional, keyword
-
+        spec = _Spec(
+            name, signature, effect_tpl, resource_tpl, reconcile, reconcile_eagerly, lease, wait
+        )
+        spec_control = control
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                ctl, action, key = prepare(args, kwargs)
-                attempt = await _begin_async(ctl, action, key, lease, reconcile, wait)
-                pos, kw = call_args(action)
+                call = _Call(spec, spec_control, args, kwargs)
+                attempt = await _admit(call)
+                pos, kw = call.arguments()
                 try:
                     with attempt_token(attempt.held_key):
                         value = await fn(*pos, **kw)
-                except NotExecuted as exc:
-                    await _shielded(ctl.finish, attempt, "failed", describe(exc))
-                    raise
                 except BaseException as exc:
-                    await _shielded(ctl.finish, attempt, "ambiguous", describe(exc))
-                    if isinstance(exc, Exception):
-                        await asyncio.to_thread(
-                            ctl.eager_reconcile, attempt, reconcile, reconcile_eagerly
-                        )
+                    await _to_the_end(call.settle, attempt, exc)
                     raise
-                await _shielded(ctl.finish, attempt, "committed", None)
+                await _to_the_end(call.settle, attempt, None)
                 return value
 
             return cast(F, async_wrapper)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            ctl, action, key = prepare(args, kwargs)
-            attempt = _begin(ctl, action, key, lease, reconcile, wait)
-            pos, kw = call_args(action)
-            value, _ = ctl.run(
+            call = _Call(spec, spec_control, args, kwargs)
+            attempt = call.begin()
+            pos, kw = call.arguments()
+            value, _ = call.ctl.run(
                 attempt,
                 lambda: fn(*pos, **kw),
-                reconcile=reconcile,
-                reconcile_eagerly=reconcile_eagerly,
+                reconcile=spec.reconcile,
+                reconcile_eagerly=spec.reconcile_eagerly,
             )
             return value
 
@@ -151,44 +113,164 @@ def protect(
     return decorate
 
 
-def _begin(
-    ctl: Control,
-    action: Action,
-    key: str | None,
-    lease: timedelta | None,
-    reconcile: ReconcileHook | None,
-    wait: bool,
-) -> Attempt:
-    try:
-        return ctl.begin(
-            action, key, approval_id=presented_approval(), lease=lease, reconcile=reconcile
-        )
-    except ApprovalRequired as exc:
-        if not wait:
+@dataclass(frozen=True)
+class _Spec:
+    """One decorated function's protection, fixed at decoration time."""
+
+    name: str
+    signature: inspect.Signature
+    effect: Template | None
+    resource: Template | None
+    reconcile: ReconcileHook | None
+    reconcile_eagerly: bool
+    lease: timedelta | None
+    wait: bool
+    warned: set[str] = field(default_factory=set, compare=False)  # each warning once
+
+    def warn_once(self, what: str, message: str, *args: Any) -> None:
+        if what not in self.warned:
+            self.warned.add(what)
+            log.warning(message, *args)
+
+    def effect_key(self, ctl: Control, action: Action) -> str | None:
+        """The call's effect key (the decorator's template wins over the policy's)."""
+        policy_tpl = ctl.policy.effect_template(self.name)
+        if self.effect and policy_tpl and self.effect.text != policy_tpl.text:
+            self.warn_once(
+                "effect",
+                "%s: decorator effect %r overrides policy effect %r",
+                self.name,
+                self.effect.text,
+                policy_tpl.text,
+            )
+        template = self.effect or policy_tpl
+        if template is None:
+            if self.reconcile is not None:
+                message = "%s: reconcile hook given but the action has no effect key"
+                self.warn_once("reconcile", message, self.name)
+            return None
+        try:
+            return template.resolve(action.arguments, resource=action.resource)
+        except EffectKeyError as exc:
+            ctl.refuse_effect_key(action, exc)
             raise
-        ctl.wait_for_approval(exc.request_id)
-        with with_approval(exc.request_id):
-            return ctl.begin(
-                action, key, approval_id=exc.request_id, lease=lease, reconcile=reconcile
+
+    def check_resource(self, ctl: Control) -> None:
+        policy_tpl = ctl.policy.resource_template(self.name)
+        if self.resource and policy_tpl and self.resource.text != policy_tpl.text:
+            self.warn_once(
+                "resource",
+                "%s: decorator resource %r overrides policy resource %r",
+                self.name,
+                self.resource.text,
+                policy_tpl.text,
             )
 
 
-async def _begin_async(
-    ctl: Control,
-    action: Action,
-    key: str | None,
-    lease: timedelta | None,
-    reconcile: ReconcileHook | None,
-    wait: bool,
-) -> Attempt:
-    return await asyncio.to_thread(_begin, ctl, action, key, lease, reconcile, wait)
+class _Call:
+    """One call of a protected function: prepared and admitted, then settled."""
+
+    def __init__(
+        self, spec: _Spec, control: Control | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self.spec, self.control, self.args, self.kwargs = spec, control, args, kwargs
+        self.stop = threading.Event()  # set when an async caller is cancelled
+        self.ctl: Control
+        self.action: Action
+
+    def begin(self) -> Attempt:
+        """Build the action and its key, then admit it (waiting for a human if ``wait``)."""
+        spec = self.spec
+        principal = current_principal()
+        if principal is None:
+            log.warning("%s refused: no principal (use ctrlrun.context(agent=...))", spec.name)
+            raise ActionDenied(
+                "no_principal",
+                f"{spec.name} denied: no principal; call it inside ctrlrun.context(agent=...)",
+            )
+        self.ctl = ctl = self.control or process_control()
+        bound = spec.signature.bind(*self.args, **self.kwargs)
+        bound.apply_defaults()
+        spec.check_resource(ctl)
+        self.action = action = ctl.action(
+            spec.name, bound.arguments, principal, resource=spec.resource
+        )
+        key = spec.effect_key(ctl, action)
+        lease, hook = spec.lease, spec.reconcile
+        try:
+            return ctl.begin(
+                action, key, approval_id=presented_approval(), lease=lease, reconcile=hook
+            )
+        except ApprovalRequired as exc:
+            if not spec.wait:
+                raise
+            ctl.wait_for_approval(exc.request_id, stop=self.stop)
+            return ctl.begin(action, key, approval_id=exc.request_id, lease=lease, reconcile=hook)
+
+    def arguments(self) -> tuple[list[Any], dict[str, Any]]:
+        """What the function is called with: fresh canonical copies, never the caller's."""
+        values = self.action.canonical_arguments
+        positional, keyword = [], {}
+        for pname, param in self.spec.signature.parameters.items():
+            if param.kind is param.POSITIONAL_ONLY:
+                positional.append(values[pname])
+            else:
+                keyword[pname] = values[pname]
+        return positional, keyword
+
+    def settle(self, attempt: Attempt, error: BaseException | None) -> None:
+        self.ctl.settle(
+            attempt,
+            error,
+            reconcile=self.spec.reconcile,
+            reconcile_eagerly=self.spec.reconcile_eagerly,
+        )
 
 
-async def _shielded(
-    finish: Callable[..., Any], attempt: Attempt, outcome: str, error: str | None
-) -> None:
-    # The outcome must be recorded even if the caller's task is cancelled while we write it.
-    await asyncio.shield(asyncio.to_thread(finish, attempt, outcome, error=error))
+async def _admit(call: _Call) -> Attempt:
+    """``call.begin`` in a thread; if the caller is cancelled meanwhile, undo what it took."""
+    job = asyncio.ensure_future(asyncio.to_thread(call.begin))
+    cancelled = await _wait_out(job, call.stop)
+    if cancelled is None:
+        return job.result()
+    if job.exception() is None:
+        # The key was taken for a function that will now never start: say it did not run.
+        attempt = job.result()
+        release = asyncio.ensure_future(asyncio.to_thread(call.ctl.release, attempt, cancelled))
+        await _wait_out(release)
+        if release.exception() is not None:
+            log.error(
+                "%s: the key of a cancelled call could not be released (%s); it stays "
+                "executing until its lease ends",
+                call.spec.name,
+                release.exception(),
+            )
+    raise cancelled
+
+
+async def _to_the_end(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, awaited to its end even through a cancellation (re-raised
+    after it, unless ``fn`` itself failed: a record that could not be written is never hidden)."""
+    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = await _wait_out(job)
+    if cancelled is not None and job.exception() is None:
+        raise cancelled
+    return job.result()
+
+
+async def _wait_out(
+    job: asyncio.Future[Any], stop: threading.Event | None = None
+) -> asyncio.CancelledError | None:
+    """Wait until ``job`` is done, whatever cancellations arrive; return the first of them."""
+    cancelled: asyncio.CancelledError | None = None
+    while not job.done():
+        try:
+            await asyncio.wait((job,))
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+            if stop is not None:
+                stop.set()  # a thread waiting for a human stops at its next poll
+    return cancelled
 
 
 def _template(text: str | None, what: str) -> Template | None:

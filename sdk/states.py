@@ -14,7 +14,12 @@ from .errors import InvalidArgument
 
 
 class EffectState(StrEnum):
-    """Where an effect key stands. ``NEW`` means "no record" and is never stored."""
+    """Where an effect key stands. ``NEW`` means "no record" and is never stored.
+
+    ``RESERVED`` is the reference library's name for a key taken but not yet started. This
+    ledger takes a key and starts its execution in one write, so it never stores ``RESERVED``;
+    the name stays so that readers (``ctrlrun effects --state reserved``) keep their vocabulary.
+    """
 
     NEW = "new"
     RESERVED = "reserved"
@@ -25,19 +30,18 @@ class EffectState(StrEnum):
 
 
 S = EffectState
+LEASE_EXPIRED = "lease expired before an outcome was recorded"
 
-# Every transition the ledger may make. Anything else raises; nothing ever deletes a record.
+# Every write the ledger makes to an effect record, and nothing else: ``check_transition``
+# refuses any other pair, and nothing ever deletes a record.
 TRANSITIONS: frozenset[tuple[EffectState, EffectState]] = frozenset(
     {
-        (S.NEW, S.RESERVED),  # first attempt
-        (S.FAILED, S.RESERVED),  # renewal: attempt + 1
-        (S.COMMITTED, S.RESERVED),  # a new intent once the action's window has passed
-        (S.RESERVED, S.EXECUTING),
-        (S.EXECUTING, S.COMMITTED),
+        (S.NEW, S.EXECUTING),  # first attempt: one insert takes the key and starts it
+        (S.FAILED, S.EXECUTING),  # renewal: attempt + 1
+        (S.COMMITTED, S.EXECUTING),  # a new intent once the action's window has passed
+        (S.EXECUTING, S.COMMITTED),  # the outcomes an attempt records
         (S.EXECUTING, S.FAILED),
-        (S.RESERVED, S.FAILED),  # released before execution (nothing was sent)
-        (S.RESERVED, S.AMBIGUOUS),
-        (S.EXECUTING, S.AMBIGUOUS),
+        (S.EXECUTING, S.AMBIGUOUS),  # also: the holder's lease ran out
         (S.AMBIGUOUS, S.COMMITTED),  # a human or a reconcile answer
         (S.AMBIGUOUS, S.FAILED),
     }
@@ -78,7 +82,7 @@ class EffectRecord:
 
 @dataclass(frozen=True)
 class Reserve:
-    """Take the key: a new record (``previous`` is None) or a renewal of ``previous``."""
+    """Take the key: a new record (``previous`` is ``NEW``) or a renewal of ``previous``."""
 
     attempt: int
     previous: EffectState

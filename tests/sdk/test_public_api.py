@@ -83,7 +83,10 @@ def test_every_error_is_a_ctrlrun_error(name: str) -> None:
         (ctrlrun.ApprovalRequired("apr_1"), {"request_id": "apr_1"}),
         (ctrlrun.ApprovalMismatch("consumed"), {"reason": "consumed"}),
         (ctrlrun.ApprovalTimeout("apr_1"), {"request_id": "apr_1"}),
-        (ctrlrun.DuplicateEffect("in_progress", "k"), {"state": "in_progress", "effect_key": "k"}),
+        (
+            ctrlrun.DuplicateEffect(state="in_progress", effect_key="k"),
+            {"state": "in_progress", "effect_key": "k"},
+        ),
         (ctrlrun.AmbiguousEffect("k"), {"effect_key": "k"}),
         (
             ctrlrun.MissingDependency("psycopg", "postgres"),

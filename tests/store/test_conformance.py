@@ -96,8 +96,14 @@ def effect_values(
 
 
 def put_effect(store: StateStore, key: str, action_id: str = "act_a", **kw: Any) -> None:
+    """A record in any state (the ledger itself only ever inserts EXECUTING ones)."""
+    values = effect_values(key, action_id, **kw)
+    columns = ", ".join(values)
     with store.transaction() as conn:
-        assert ledger.insert_effect(conn, effect_values(key, action_id, **kw))
+        conn.execute(
+            text(f"INSERT INTO effects ({columns}) VALUES ({', '.join(':' + c for c in values)})"),
+            values,
+        )
 
 
 def state_of(store: StateStore, key: str) -> tuple[str, str, int]:
@@ -147,16 +153,16 @@ def test_kernel_reservation_runs_the_executor_once(store: StateStore) -> None:
 
 @pytest.mark.parametrize(
     ("field", "stale"),
-    [("state", EffectState.RESERVED), ("action_id", "act_other"), ("attempt", 2)],
+    [("state", EffectState.AMBIGUOUS), ("action_id", "act_other"), ("attempt", 2)],
 )
 def test_cas_refuses_a_stale_write(store: StateStore, field: str, stale: Any) -> None:
     put_effect(store, "k", "act_a")
     expected: dict[str, Any] = {"old": EffectState.EXECUTING, "action_id": "act_a", "attempt": 1}
     expected["old" if field == "state" else field] = stale
     with store.transaction() as conn:
-        # AMBIGUOUS is a legal target from both RESERVED and EXECUTING: only staleness refuses.
+        # COMMITTED is a legal target from both AMBIGUOUS and EXECUTING: only staleness refuses.
         moved = ledger.move_effect(
-            conn, "k", new=EffectState.AMBIGUOUS, values={"updated_at": iso(utc_now())}, **expected
+            conn, "k", new=EffectState.COMMITTED, values={"updated_at": iso(utc_now())}, **expected
         )
     assert moved is False
     assert state_of(store, "k") == ("executing", "act_a", 1)

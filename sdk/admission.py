@@ -1,0 +1,440 @@
+"""Admission: what one attempt at an action gets, as a pure function from facts to a plan.
+
+``plan_admission(facts)`` is everything ``Control.begin`` decides. The policy's evaluation,
+the action and its effect key, the key's record, the presented approval's row, the clock,
+the window, the mode, the lease and whether a reconcile hook may still be asked go in as
+one frozen ``Facts``; one frozen ``Plan`` comes out, naming the verdict, the compare-and-set
+writes, the events and the receipt that record it, and the refusal to raise once they are
+committed. ``writer.admit`` gathers the facts and applies the plan in one transaction.
+
+Verdicts (observe mode never refuses: it plans ``RESERVE`` or ``RUN`` with ``would_have``)::
+
+    DENY              the policy says no                   ACTION_DENIED, receipt denied
+    NEEDS_APPROVAL    approve, nothing presented           an approval request, no receipt
+    APPROVAL_INVALID  the presented approval is unusable   receipt blocked (denied if denied)
+    DUPLICATE         committed, inside its window if any  receipt blocked
+    IN_PROGRESS       another attempt holds a live lease   receipt blocked
+    AMBIGUOUS         nobody knows (an expired lease is ambiguated first)   receipt blocked
+    RECONCILE_FIRST   ambiguous, and a hook may be asked: write the ambiguation, ask, plan again
+    RESERVE           the key is ours (a new record or a renewal), the approval consumed
+    RUN               execute holding no key: no effect key, or observe mode over a refusal
+
+The checks run in this order: decision, approval, record. So a refusal never consumes an
+approval, and the plan made with ``record=None`` is final unless it inserts a new record:
+the writer inserts first and reads the record only when the insert finds the key taken.
+
+Upcoming inputs slot in as fields of ``Facts`` and a branch here, not as new parameters:
+
+- a freeze switch, ``Facts.frozen``: checked before the decision, a refusal with outcome
+  ``frozen`` (receipt blocked) that needs no record, so the rule above still holds;
+- a budget, ``Facts.budget`` (what remains, read in the same transaction): a ``RESERVE`` plan
+  carries one more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is
+  spent atomically with the reservation and a lost race re-plans;
+- a standing approval: with no id presented, the writer looks up "a granted, unconsumed
+  approval for this very action hash from this principal" and passes its row as
+  ``Facts.approval`` (and its id); ``_present`` consumes it as it does a presented one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Literal
+
+from .action import Action, iso
+from .approvals import DEFAULT_TTL, Approval, check_consumable
+from .attempt import Attempt
+from .errors import (
+    ActionDenied,
+    AmbiguousEffect,
+    ApprovalMismatch,
+    ApprovalRequired,
+    CTRLRunError,
+    DuplicateEffect,
+)
+from .events import EventType as E
+from .policy import Decision, Evaluation, Mode
+from .states import LEASE_EXPIRED, EffectRecord, EffectState, Refuse, Reserve, plan_reservation
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything admission depends on, as values read before planning."""
+
+    action: Action
+    effect_key: str | None
+    evaluation: Evaluation
+    now: datetime
+    lease: timedelta
+    policy_hash: str
+    mode: Mode = "enforce"
+    window: timedelta | None = None
+    record: EffectRecord | None = None  # the key's record; None: no record (or not read yet)
+    approval_id: str | None = None  # the approval presented
+    approval: Mapping[str, Any] | None = None  # its row; None: no such approval
+    may_reconcile: bool = False  # a hook is given and has not been asked for this attempt
+    announced: bool = False  # ACTION_PROPOSED and POLICY_EVALUATED are written already
+    request_id: str | None = None  # the id a new approval request gets
+    approval_ttl: timedelta = DEFAULT_TTL
+    idempotency_key: str | None = None  # stored with the attempt (what the proxy forwarded)
+    upstream: str | None = None
+    started_at: datetime | None = None  # when the call began (None: now)
+
+
+class Verdict(StrEnum):
+    """What admission decided (see the module docstring)."""
+
+    DENY = "deny"
+    NEEDS_APPROVAL = "needs_approval"
+    APPROVAL_INVALID = "approval_invalid"
+    DUPLICATE = "duplicate"
+    IN_PROGRESS = "in_progress"
+    AMBIGUOUS = "ambiguous"
+    RECONCILE_FIRST = "reconcile_first"
+    RESERVE = "reserve"
+    RUN = "run"
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """One event to append (its time is the plan's ``now``)."""
+
+    type: E
+    action_id: str | None
+    effect_key: str | None = None
+    approval_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InsertEffect:
+    """NEW -> EXECUTING: insert the record unless the key exists (then read it, plan again)."""
+
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class MoveEffect:
+    """A compare-and-set transition of the record as it was read."""
+
+    effect_key: str
+    old: EffectState
+    new: EffectState
+    action_id: str
+    attempt: int
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class InsertApproval:
+    """A new pending approval request."""
+
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class MoveApproval:
+    """A compare-and-set change of an approval's status (granted -> consumed or expired)."""
+
+    approval_id: str
+    old: str
+    new: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+Write = InsertEffect | MoveEffect | InsertApproval | MoveApproval
+RefusalKind = Literal["denied", "approval_required", "approval_invalid", "duplicate", "ambiguous"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The error a plan raises once its transaction has committed."""
+
+    kind: RefusalKind
+    reason: str  # ActionDenied/ApprovalMismatch reason, or the DuplicateEffect state
+    message: str | None = None
+    action_id: str | None = None  # the refused action's, or the key holder's
+    effect_key: str | None = None
+    request_id: str | None = None  # the approval requested, or the one presented
+
+    def error(self, receipt_id: str | None = None) -> CTRLRunError:
+        r, m, kw = self.reason, self.message, {"receipt_id": receipt_id}
+        if self.kind == "denied":
+            return ActionDenied(r, m, action_id=self.action_id, **kw)
+        if self.kind == "approval_required":
+            return ApprovalRequired(self.request_id or "", m, action_id=self.action_id, **kw)
+        if self.kind == "approval_invalid":
+            return ApprovalMismatch(r, m, approval_id=self.request_id, **kw)
+        if self.kind == "duplicate":
+            key = self.effect_key
+            return DuplicateEffect(m, state=r, effect_key=key, action_id=self.action_id, **kw)
+        return AmbiguousEffect(self.effect_key or "", m, action_id=self.action_id, **kw)
+
+
+@dataclass(frozen=True)
+class ReceiptSpec:
+    """The receipt a refusal writes."""
+
+    result: Literal["denied", "blocked"]
+    error: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to write for one admission, and what the attempt then holds."""
+
+    verdict: Verdict
+    events: tuple[NewEvent, ...] = ()
+    writes: tuple[Write, ...] = ()
+    receipt: ReceiptSpec | None = None
+    refusal: Refusal | None = None
+    attempt: int = 0  # the attempt number the key is held under (RESERVE)
+    approval: Approval | None = None  # consumed by this plan
+    would_have: Mapping[str, str] | None = None  # observe mode: what enforcement would do
+
+    @property
+    def held(self) -> bool:
+        return self.verdict is Verdict.RESERVE
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """A presented approval that this plan consumes."""
+
+    approval: Approval
+    write: MoveApproval
+    event: NewEvent
+
+
+def plan_admission(f: Facts) -> Plan:
+    """What this attempt gets. Pure: the same facts always give the same plan."""
+    head = () if f.announced else _announce(f)
+    decision, reason = f.evaluation.decision, f.evaluation.reason
+    if f.mode == "observe":
+        if decision is Decision.ALLOW:
+            return _place(f, head, None, None)
+        blocked = "approval_required" if decision is Decision.APPROVE else reason
+        return _place(f, head, None, _would_have(f, blocked))
+    if decision is Decision.DENY:
+        return _deny(f, head)
+    if decision is Decision.ALLOW:
+        return _place(f, head, None, None)
+    if f.approval_id is None:
+        return _request(f, head)
+    return _present(f, head, f.approval_id)
+
+
+def wants_approval_row(f: Facts) -> bool:
+    """Whether the plan reads the presented approval's row (the writer fetches it first)."""
+    return (
+        f.approval_id is not None
+        and f.mode == "enforce"
+        and f.evaluation.decision is (Decision.APPROVE)
+    )
+
+
+def attempt_of(f: Facts, plan: Plan) -> Attempt:
+    """The attempt a plan leaves: what ``Control.begin`` returns, or the refusal's receipt."""
+    return Attempt(
+        action=f.action,
+        effect_key=f.effect_key,
+        attempt=plan.attempt,
+        decision=f.evaluation.decision.value,
+        reason=f.evaluation.reason,
+        policy_hash=f.policy_hash,
+        started_at=f.started_at or f.now,
+        approval=plan.approval,
+        held=plan.held,
+        would_have=plan.would_have,
+    )
+
+
+def _announce(f: Facts) -> tuple[NewEvent, ...]:
+    a, key, ev = f.action, f.effect_key, f.evaluation
+    return (
+        NewEvent(E.ACTION_PROPOSED, a.action_id, key, data={"action_hash": a.hash}),
+        NewEvent(
+            E.POLICY_EVALUATED,
+            a.action_id,
+            key,
+            data={"decision": ev.decision.value, "reason": ev.reason},
+        ),
+    )
+
+
+def _would_have(f: Facts, blocked: str) -> dict[str, str]:
+    ev = f.evaluation
+    return {"decision": ev.decision.value, "reason": ev.reason, "blocked_reason": blocked}
+
+
+def _deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
+    a, reason = f.action, f.evaluation.reason
+    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data={"reason": reason})
+    return Plan(
+        Verdict.DENY,
+        (*head, denied),
+        receipt=ReceiptSpec("denied"),
+        refusal=Refusal("denied", reason, f"{a.name} denied: {reason}", action_id=a.action_id),
+    )
+
+
+def _request(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
+    a, request_id = f.action, f.request_id
+    if request_id is None:
+        raise ValueError("an approval request needs Facts.request_id")
+    expires = iso(f.now + f.approval_ttl)
+    row = {
+        "approval_id": request_id,
+        "action_hash": a.hash,
+        "status": "pending",
+        "action_json": json.dumps(a.canonical_document(), sort_keys=True),
+        "created_at": iso(f.now),
+        "expires_at": expires,
+        "policy_hash": f.policy_hash,
+    }
+    data = {"action_hash": a.hash, "expires_at": expires}
+    requested = NewEvent(E.APPROVAL_REQUESTED, a.action_id, None, request_id, data)
+    refusal = Refusal(
+        "approval_required", "approval_required", action_id=a.action_id, request_id=request_id
+    )
+    return Plan(Verdict.NEEDS_APPROVAL, (*head, requested), (InsertApproval(row),), refusal=refusal)
+
+
+def _present(f: Facts, head: tuple[NewEvent, ...], approval_id: str) -> Plan:
+    a, row = f.action, f.approval
+    why = check_consumable(row, approval_id, a.hash, f.now)
+    if why is None:
+        assert row is not None
+        approver = row["approver"]
+        taken = _Taken(
+            Approval(approval_id, a.hash, approver),
+            MoveApproval(approval_id, "granted", "consumed", {"consumed_at": iso(f.now)}),
+            NewEvent(E.APPROVAL_CONSUMED, a.action_id, None, approval_id, {"approver": approver}),
+        )
+        return _place(f, head, taken, None)
+    writes: tuple[Write, ...] = ()
+    if why == "expired" and row is not None and row["status"] == "granted":
+        writes = (MoveApproval(approval_id, "granted", "expired"),)
+        head = (*head, NewEvent(E.APPROVAL_EXPIRED, a.action_id, None, approval_id))
+    if why == "denied":
+        message = f"{a.name} denied: approval {approval_id} was denied"
+        refusal = Refusal("denied", "approval_denied", message, action_id=a.action_id)
+    else:
+        refusal = Refusal("approval_invalid", why, request_id=approval_id)
+    data = {"reason": refusal.reason, "action_hash": a.hash}
+    invalidated = NewEvent(E.APPROVAL_INVALIDATED, a.action_id, f.effect_key, approval_id, data)
+    result: Literal["denied", "blocked"] = "denied" if why == "denied" else "blocked"
+    receipt = ReceiptSpec(result, str(refusal.error()), approval_id)
+    return Plan(Verdict.APPROVAL_INVALID, (*head, invalidated), writes, receipt, refusal)
+
+
+def _place(
+    f: Facts,
+    head: tuple[NewEvent, ...],
+    taken: _Taken | None,
+    would_have: Mapping[str, str] | None,
+) -> Plan:
+    """Run the attempt: on no key, on the key it may take, or refuse it by the key's record."""
+    spend: tuple[Write, ...] = () if taken is None else (taken.write,)
+    approval = None if taken is None else taken.approval
+    if taken is not None:
+        head = (*head, taken.event)
+    key = f.effect_key
+    if key is None:
+        started = NewEvent(E.EXECUTION_STARTED, f.action.action_id)
+        return Plan(Verdict.RUN, (*head, started), spend, approval=approval, would_have=would_have)
+    step = plan_reservation(f.record, f.now, f.window)
+    if isinstance(step, Refuse):
+        return _refuse(f, key, head, step, would_have)
+    return _reserve(f, key, head, spend, step, approval, would_have)
+
+
+def _reserve(
+    f: Facts,
+    key: str,
+    head: tuple[NewEvent, ...],
+    spend: tuple[Write, ...],
+    step: Reserve,
+    approval: Approval | None,
+    would_have: Mapping[str, str] | None,
+) -> Plan:
+    a, now, number = f.action, iso(f.now), step.attempt
+    lease_ends = iso(f.now + f.lease)
+    values: dict[str, Any] = {
+        "action_id": a.action_id,
+        "attempt": number,
+        "lease_expires_at": lease_ends,
+        "action_name": a.name,
+        "action_json": a.canonical.decode("utf-8"),
+        "idempotency_key": f.idempotency_key,
+        "upstream": f.upstream,
+        "updated_at": now,
+        "attempt_started_at": now,
+        "result_json": None,
+        "error": None,
+        "resolved_by": None,
+        "committed_at": None,
+    }
+    take: Write
+    if f.record is None:
+        executing = EffectState.EXECUTING.value
+        take = InsertEffect({**values, "effect_key": key, "state": executing, "created_at": now})
+    else:
+        rec = f.record
+        take = MoveEffect(key, rec.state, EffectState.EXECUTING, rec.action_id, rec.attempt, values)
+    data = {"attempt": number, "lease_expires_at": lease_ends}
+    reserved = NewEvent(E.EFFECT_RESERVED, a.action_id, key, data=data)
+    started = NewEvent(E.EXECUTION_STARTED, a.action_id, key)
+    return Plan(
+        Verdict.RESERVE,
+        (*head, reserved, started),
+        (take, *spend),
+        attempt=number,
+        approval=approval,
+        would_have=would_have,
+    )
+
+
+def _refuse(
+    f: Facts,
+    key: str,
+    head: tuple[NewEvent, ...],
+    step: Refuse,
+    would_have: Mapping[str, str] | None,
+) -> Plan:
+    writes: tuple[Write, ...] = ()
+    rec = f.record
+    if step.ambiguate:
+        # The holder's lease ran out: it may have acted, nobody knows. Say so first.
+        assert rec is not None
+        values = {"updated_at": iso(f.now), "lease_expires_at": None, "error": LEASE_EXPIRED}
+        writes = (
+            MoveEffect(key, rec.state, EffectState.AMBIGUOUS, rec.action_id, rec.attempt, values),
+        )
+        expired = NewEvent(E.EXECUTION_AMBIGUOUS, rec.action_id, key, data={"error": LEASE_EXPIRED})
+        head = (*head, expired)
+    if step.kind == "ambiguous" and f.may_reconcile:
+        return Plan(Verdict.RECONCILE_FIRST, head, writes)
+    if f.mode == "observe":
+        blocked = "duplicate" if step.kind == "committed" else step.kind
+        started = NewEvent(E.EXECUTION_STARTED, f.action.action_id, key)
+        return Plan(
+            Verdict.RUN,
+            (*head, started),
+            writes,
+            would_have=would_have or _would_have(f, blocked),
+        )
+    if step.kind == "ambiguous":
+        verdict, data = Verdict.AMBIGUOUS, {"reason": "ambiguous"}
+        refusal = Refusal("ambiguous", "ambiguous", action_id=step.holder, effect_key=key)
+    else:
+        verdict = Verdict.DUPLICATE if step.kind == "committed" else Verdict.IN_PROGRESS
+        data = {"reason": "duplicate", "state": step.kind}
+        refusal = Refusal("duplicate", step.kind, action_id=step.holder, effect_key=key)
+    refused = NewEvent(E.EFFECT_RESERVATION_REFUSED, f.action.action_id, key, data=data)
+    receipt = ReceiptSpec("blocked", f"refused: {step.kind}")
+    return Plan(verdict, (*head, refused), writes, receipt, refusal)

@@ -1,0 +1,131 @@
+"""The one writer of admission plans: gather the facts, plan, apply, all in one transaction.
+
+Every write a plan makes is conditional: the record's insert happens only if the key is free,
+every later move is a compare-and-set on what was read. A write that finds the row moved
+means another caller got there first; the transaction rolls back (nothing it wrote, an
+approval consumed included, survives) and admission plans again from fresh facts, a bounded
+number of times. Most keys are new, so the plan is first made as if the key had no record
+and its insert is tried at once; the record is read only when that insert finds the key
+taken (``admission`` guarantees that a plan made on ``record=None`` is otherwise final).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Connection
+
+from . import ledger
+from .admission import (
+    Facts,
+    InsertApproval,
+    InsertEffect,
+    MoveApproval,
+    MoveEffect,
+    Plan,
+    Write,
+    attempt_of,
+    plan_admission,
+    wants_approval_row,
+)
+from .attempt import Attempt, attempt_receipt
+from .errors import AmbiguousEffect
+from .receipts import Receipt
+from .store import StateStore
+
+log = logging.getLogger(__name__)
+MAX_TRIES = 3
+
+
+class LostRace(Exception):
+    """A conditional write found the row moved: roll back and plan again."""
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A plan that has been written: the attempt it left, and its receipt if it wrote one."""
+
+    plan: Plan
+    attempt: Attempt
+    receipt: Receipt | None = None
+
+
+def admit(store: StateStore, facts: Facts) -> Admitted:
+    """Plan ``facts`` and write the plan in one transaction; re-plan on a lost race."""
+    for _ in range(MAX_TRIES):
+        try:
+            with store.transaction() as conn:
+                return admit_on(conn, facts)
+        except LostRace:
+            log.debug("lost a race on %s; planning again", facts.effect_key)
+    raise AmbiguousEffect(facts.effect_key or "", "the effect record kept moving; try again later")
+
+
+def admit_on(conn: Connection, facts: Facts) -> Admitted:
+    """Plan and write on an open transaction (the caller commits, or rolls back on LostRace)."""
+    if facts.approval_id is not None and wants_approval_row(facts):
+        facts = replace(facts, approval=ledger.approval_row(conn, facts.approval_id))
+    plan = plan_admission(facts)
+    writes = plan.writes
+    if writes and isinstance(writes[0], InsertEffect):
+        if ledger.insert_effect(conn, writes[0].values):
+            writes = writes[1:]
+        else:
+            assert facts.effect_key is not None
+            record = ledger.get_effect(conn, facts.effect_key)
+            if record is None:  # pragma: no cover (the conflicting row cannot vanish)
+                raise LostRace
+            facts = replace(facts, record=record)
+            plan = plan_admission(facts)
+            writes = plan.writes
+    for write in writes:
+        if not _write(conn, write):
+            raise LostRace
+    return _record(conn, facts, plan)
+
+
+def _write(conn: Connection, write: Write) -> bool:
+    if isinstance(write, MoveEffect):
+        return ledger.move_effect(
+            conn,
+            write.effect_key,
+            old=write.old,
+            new=write.new,
+            action_id=write.action_id,
+            attempt=write.attempt,
+            values=write.values,
+        )
+    if isinstance(write, MoveApproval):
+        return ledger.move_approval(
+            conn, write.approval_id, old=write.old, new=write.new, values=write.values
+        )
+    if isinstance(write, InsertApproval):
+        ledger.insert_approval(conn, write.values)
+        return True
+    return ledger.insert_effect(conn, write.values)
+
+
+def _record(conn: Connection, facts: Facts, plan: Plan) -> Admitted:
+    """Append the plan's events (one statement) and its receipt, if it writes one."""
+    attempt = attempt_of(facts, plan)
+    rows = [
+        ledger.event_row(facts.now, e.type, e.action_id, e.effect_key, e.approval_id, e.data)
+        for e in plan.events
+    ]
+    spec = plan.receipt
+    if spec is None:
+        ledger.append_events(conn, rows)
+        return Admitted(plan, attempt)
+    position = ledger.append_events(conn, rows, returning=True)
+    receipt = attempt_receipt(
+        conn,
+        attempt,
+        spec.result,
+        None,
+        facts.now,
+        error=spec.error,
+        approval_id=spec.approval_id,
+        event_pos=position,
+    )
+    return Admitted(plan, attempt, receipt)
