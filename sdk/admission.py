@@ -338,19 +338,22 @@ def _place(
     taken: _Taken | None,
     would_have: Mapping[str, str] | None,
 ) -> Plan:
-    """Run the attempt: on no key, on the key it may take, or refuse it by the key's record."""
+    """Run the attempt: on no key, on the key it may take, or refuse it by the key's record.
+
+    A presented approval is consumed (its write and event) only by a plan that runs.
+    """
     spend: tuple[Write, ...] = () if taken is None else (taken.write,)
+    consumed: tuple[NewEvent, ...] = () if taken is None else (taken.event,)
     approval = None if taken is None else taken.approval
-    if taken is not None:
-        head = (*head, taken.event)
     key = f.effect_key
     if key is None:
         started = NewEvent(E.EXECUTION_STARTED, f.action.action_id)
-        return Plan(Verdict.RUN, (*head, started), spend, approval=approval, would_have=would_have)
+        events = (*head, *consumed, started)
+        return Plan(Verdict.RUN, events, spend, approval=approval, would_have=would_have)
     step = plan_reservation(f.record, f.now, f.window)
     if isinstance(step, Refuse):
         return _refuse(f, key, head, step, would_have)
-    return _reserve(f, key, head, spend, step, approval, would_have)
+    return _reserve(f, key, (*head, *consumed), spend, step, approval, would_have)
 
 
 def _reserve(
