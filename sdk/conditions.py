@@ -3,14 +3,15 @@
 Seven operators: ``eq``, ``neq``, ``in`` compare with type-strict equality (``True != 1``, a
 list never equals a scalar); ``lt``, ``lte``, ``gt``, ``gte`` compare integers only. A missing
 argument makes a condition false, whatever the operator; so does a numeric operator meeting
-an argument that is not an integer.
+an argument that is not an integer. Each of those two says so in one WARNING per condition of
+the policy (naming where it is written), not on every evaluation.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -59,6 +60,9 @@ class Condition:
     subject: str
     op: Op
     operand: Any  # int for numeric ops, a tuple for ``in``, plain JSON-like data otherwise
+    origin: str = field(default="", compare=False)  # where the policy writes it (key path)
+    # The warnings already given for this condition: each is said once, not per evaluation.
+    _warned: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -67,12 +71,14 @@ class Condition:
     def holds(self, arguments: Mapping[str, Any]) -> bool:
         """Whether the condition is true of ``arguments``."""
         if self.subject not in arguments:
-            logger.warning(
-                "condition %s is false: no argument %r (arguments: %s)",
-                self.key,
-                self.subject,
-                ", ".join(sorted(arguments)) or "none",
-            )
+            if "missing" not in self._warned:
+                self._warned.add("missing")
+                logger.warning(
+                    "condition %s is false: no argument %r (arguments: %s); said once",
+                    self.origin or self.key,
+                    self.subject,
+                    ", ".join(sorted(arguments)) or "none",
+                )
             return False
         value = arguments[self.subject]
         if self.op is Op.EQ:
@@ -82,12 +88,14 @@ class Condition:
         if self.op is Op.IN:
             return any(strict_equal(value, item) for item in self.operand)
         if isinstance(value, bool) or not isinstance(value, int):
-            logger.warning(
-                "condition %s is false: argument %r is a %s, not an integer",
-                self.key,
-                self.subject,
-                type(value).__name__,
-            )
+            if "not_int" not in self._warned:
+                self._warned.add("not_int")
+                logger.warning(
+                    "condition %s is false: argument %r is a %s, not an integer; said once",
+                    self.origin or self.key,
+                    self.subject,
+                    type(value).__name__,
+                )
             return False
         bound: int = self.operand
         if self.op is Op.LT:
@@ -148,11 +156,11 @@ def parse_condition(key: Any, operand: Any, where: Where) -> Condition:
     if op in NUMERIC_OPS:
         if isinstance(operand, bool) or not isinstance(operand, int):
             raise where.error(f"operand must be an integer, got {show(operand)}")
-        return Condition(subject, op, operand)
+        return Condition(subject, op, operand, where.path)
     if op is Op.IN:
         if not isinstance(operand, YamlList):
             raise where.error(f"operand must be a list, got {show(operand)}")
         check_plain(operand, where)
-        return Condition(subject, op, tuple(plain(operand)))
+        return Condition(subject, op, tuple(plain(operand)), where.path)
     check_plain(operand, where)
-    return Condition(subject, op, plain(operand))
+    return Condition(subject, op, plain(operand), where.path)

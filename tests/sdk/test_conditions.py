@@ -165,3 +165,47 @@ def test_strict_equal(left: Any, right: Any, equal: bool) -> None:
 )
 def test_holds(condition: Condition, arguments: dict[str, Any], holds: bool) -> None:
     assert condition.holds(arguments) is holds
+
+
+WARN_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  refund:
+    rules:
+      - when: {amount_lte: 100}
+        decision: allow
+      - decision: deny
+  payout:
+    rules:
+      - when: {amount_lte: 100}
+        decision: allow
+      - decision: deny
+"""
+
+
+def test_a_missing_argument_warns_once_per_action_and_condition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from ctrlrun import Policy
+
+    policy = Policy.from_yaml(WARN_POLICY)
+    with caplog.at_level(logging.WARNING, logger="ctrlrun"):
+        for _ in range(5):
+            assert policy.evaluate("refund", {"currency": "usd"}).reason == "rule[1]"
+            assert policy.evaluate("payout", {}).reason == "rule[1]"
+            assert policy.evaluate("refund", {"amount": "12"}).reason == "rule[1]"
+    missing = [r.getMessage() for r in caplog.records if "no argument" in r.getMessage()]
+    assert len(missing) == 2
+    assert "actions.refund.rules[0].when.amount_lte" in missing[0]
+    assert "actions.payout.rules[0].when.amount_lte" in missing[1]
+    assert "(arguments: currency)" in missing[0]
+    not_int = [r.getMessage() for r in caplog.records if "not an integer" in r.getMessage()]
+    assert len(not_int) == 1 and "actions.refund.rules[0].when.amount_lte" in not_int[0]
+
+
+def test_conditions_compare_by_value_not_by_where_they_are_written() -> None:
+    doc = load("amount_lte: 5\n", source="t")
+    here = parse_condition("amount_lte", 5, WHERE.key(doc, "amount_lte"))
+    assert here == Condition("amount", Op.LTE, 5) and here.origin == "when.amount_lte"
