@@ -25,6 +25,8 @@ from ctrlrun import (
 )
 from ctrlrun.context import idempotency_token_for
 
+BOT = ctrlrun.Principal("bot")
+
 
 def test_returns_the_value_and_runs_once(control: Control, store: SQLiteStateStore) -> None:
     runs: list[tuple[str, int]] = []
@@ -220,3 +222,90 @@ def test_default_control_from_configuration(
     assert default is not None
     assert (tmp_path / ".ctrlrun" / "state.db").exists()
     default.store.close()
+
+
+README_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    resource: "payment:{payment_id}"
+    decision: allow
+  keyed_by_resource:
+    effect: "k:{resource}"
+    resource: "acct:{account}"
+    decision: allow
+"""
+
+
+def test_the_policy_resource_template_is_applied(
+    make_control: Any, store: SQLiteStateStore
+) -> None:
+    """The README's policy reference names a resource: it is part of the action (and hash)."""
+    control = make_control(README_POLICY)
+
+    @protect("stripe.refund", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        pass
+
+    @protect("keyed_by_resource", control=control)
+    def note(account: str) -> None:
+        pass
+
+    with context("bot"):
+        refund("pi_123", 5000)
+        note("42")  # an effect template naming {resource} resolves from the policy's resource
+        with pytest.raises(DuplicateEffect):
+            note("42")
+    first, second, _ = receipts(store)
+    assert first["resource"] == "payment:pi_123" and first["effect_key"] == "refund:pi_123"
+    assert second["resource"] == "acct:42" and second["effect_key"] == "k:acct:42"
+    plain = ctrlrun.Action("stripe.refund", {"payment_id": "pi_123", "amount": 5000}, BOT)
+    assert first["action_hash"] != plain.hash  # the resource is hashed with the action
+
+
+def test_a_policy_resource_naming_a_missing_argument_is_invalid(
+    make_control: Any, store: SQLiteStateStore
+) -> None:
+    control = make_control(README_POLICY)
+
+    @protect("stripe.refund", control=control)
+    def refund(charge: str) -> None:
+        pytest.fail("ran without its resource")
+
+    with context("bot"), pytest.raises(InvalidArgument, match="resource"):
+        refund("ch_1")
+    assert receipts(store) == []
+
+
+def test_control_builds_actions_with_the_policy_resource(make_control: Any) -> None:
+    control = make_control(README_POLICY)
+    action = control.action("stripe.refund", {"payment_id": "pi_9", "amount": 1}, BOT)
+    assert action.resource == "payment:pi_9" and action.environment == control.environment
+    assert control.action("unknown", {"a": 1}, BOT).resource is None
+    with pytest.raises(InvalidArgument, match="float"):
+        control.action("stripe.refund", {"payment_id": "pi_9", "amount": 1.5}, BOT)
+
+
+def test_each_warning_is_said_once_per_function(
+    make_control: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    control = make_control(README_POLICY + "  note: {decision: allow}\n")
+
+    @protect(
+        "stripe.refund", effect="r:{payment_id}:{amount}", resource="p:{amount}", control=control
+    )
+    def refund(payment_id: str, amount: int) -> None:
+        pass
+
+    @protect("note", reconcile=lambda key: "unknown", control=control)
+    def note(text: str) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="ctrlrun"), context("bot"):
+        for i in range(3):
+            refund("p1", i)
+            note(str(i))
+    assert caplog.text.count("overrides policy effect") == 1
+    assert caplog.text.count("overrides policy resource") == 1
+    assert caplog.text.count("reconcile hook given but the action has no effect key") == 1
