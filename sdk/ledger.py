@@ -35,7 +35,6 @@ _EVENT_INSERT = (
 )
 _HOT = {
     "get_effect": f"SELECT {', '.join(_EFFECT_COLUMNS)} FROM effects WHERE effect_key = :key",
-    "insert_event": _EVENT_INSERT,
     "insert_event_id": _EVENT_INSERT + " RETURNING event_id",
     "last_event": "SELECT max(event_id) FROM events",
     "advance_chain": "UPDATE receipt_chain SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash",
@@ -58,15 +57,16 @@ def _sql(dialect: str, text_: str) -> str:
     raise StoreError(f"unsupported database {dialect}")  # pragma: no cover
 
 
-def _run(conn: Connection, name_or_sql: str, params: Any = None, *, many: bool = False) -> Any:
-    """Execute one hot statement on the driver connection; returns the driver's cursor."""
+def _run(conn: Connection, name_or_sql: str, params: Any = None) -> Any:
+    """Execute one hot statement on the driver connection; returns the driver's cursor.
+
+    A driver error raised here is the driver's own (``sqlite3.Error``, ``psycopg.Error``):
+    the store's transaction maps it to ``StoreError`` (``driver_errors``).
+    """
     raw: Any = conn.connection.dbapi_connection
     sql = _sql(conn.dialect.name, _HOT.get(name_or_sql, name_or_sql))
     cur = raw.cursor()
-    if many:
-        cur.executemany(sql, params)
-    else:
-        cur.execute(sql, params or {})
+    cur.execute(sql, params or {})
     return cur
 
 
@@ -208,25 +208,22 @@ def append_event(
 def append_events(
     conn: Connection, rows: Sequence[Mapping[str, Any]], *, returning: bool = False
 ) -> int | None:
-    """Append several events in one statement (rows as ``event_row`` builds them).
+    """Append several events in one multi-row ``INSERT`` (rows as ``event_row`` builds them).
 
-    ``returning=True``: one multi-row ``INSERT … RETURNING`` instead of ``executemany``, and
-    the id of the last event comes back (a receipt written next records it as its place).
+    ``returning=True``: the id of the last one comes back, for a receipt written next.
     """
     if not rows:
         return None
-    if not returning:
-        _run(conn, "insert_event", [dict(r) for r in rows], many=True)
-        return None
     params = {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS}
-    found = _run(conn, _events_returning_sql(len(rows)), params).fetchall()
-    return max(int(r[0]) for r in found)
+    cur = _run(conn, _events_sql(len(rows), returning), params)
+    return max(int(r[0]) for r in cur.fetchall()) if returning else None
 
 
 @functools.cache
-def _events_returning_sql(n: int) -> str:
+def _events_sql(n: int, returning: bool) -> str:
     values = ", ".join("(" + ", ".join(f":{c}_{i}" for c in _EVENT_COLUMNS) + ")" for i in range(n))
-    return f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES {values} RETURNING event_id"
+    sql = f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES {values}"
+    return sql + " RETURNING event_id" if returning else sql
 
 
 def event_row(
