@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import ledger
 from .action import Action, Principal, iso, new_id, parse_iso, utc_now
-from .admission import Facts, Verdict
 from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, describe
 from .context import attempt_token
@@ -29,6 +28,7 @@ from .errors import (
     NotExecuted,
 )
 from .events import EventType
+from .plan import Facts, Verdict
 from .policy import Decision
 from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler

@@ -17,7 +17,10 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection
 
 from . import ledger
-from .admission import (
+from .admission import attempt_of, plan_admission, wants_approval_row
+from .attempt import Attempt, attempt_receipt
+from .errors import AmbiguousEffect
+from .plan import (
     Facts,
     InsertApproval,
     InsertEffect,
@@ -25,12 +28,7 @@ from .admission import (
     MoveEffect,
     Plan,
     Write,
-    attempt_of,
-    plan_admission,
-    wants_approval_row,
 )
-from .attempt import Attempt, attempt_receipt
-from .errors import AmbiguousEffect
 from .receipts import Receipt
 from .store import StateStore
 

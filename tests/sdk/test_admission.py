@@ -38,7 +38,8 @@ from ctrlrun import (
     Principal,
 )
 from ctrlrun.action import iso
-from ctrlrun.admission import (
+from ctrlrun.admission import attempt_of, plan_admission, wants_approval_row
+from ctrlrun.plan import (
     Facts,
     InsertApproval,
     InsertEffect,
@@ -46,9 +47,6 @@ from ctrlrun.admission import (
     MoveEffect,
     Plan,
     Verdict,
-    attempt_of,
-    plan_admission,
-    wants_approval_row,
 )
 from ctrlrun.policy import Decision, Evaluation
 from ctrlrun.states import EffectRecord, EffectState
