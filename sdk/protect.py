@@ -76,41 +76,46 @@ def protect(
         spec = _Spec(
             name, signature, effect_tpl, resource_tpl, reconcile, reconcile_eagerly, lease, wait
         )
-        spec_control = control
         if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                call = _Call(spec, spec_control, args, kwargs)
-                attempt = await _admit(call)
-                pos, kw = call.arguments()
-                try:
-                    with attempt_token(attempt.held_key):
-                        value = await fn(*pos, **kw)
-                except BaseException as exc:
-                    await _to_the_end(call.settle, attempt, exc)
-                    raise
-                await _to_the_end(call.settle, attempt, None)
-                return value
-
-            return cast(F, async_wrapper)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            call = _Call(spec, spec_control, args, kwargs)
-            attempt = call.begin()
-            pos, kw = call.arguments()
-            value, _ = call.ctl.run(
-                attempt,
-                lambda: fn(*pos, **kw),
-                reconcile=spec.reconcile,
-                reconcile_eagerly=spec.reconcile_eagerly,
-            )
-            return value
-
-        return cast(F, wrapper)
+            return cast(F, _async_wrapper(fn, spec, control))
+        return cast(F, _sync_wrapper(fn, spec, control))
 
     return decorate
+
+
+def _sync_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _Call(spec, control, args, kwargs)
+        attempt = call.begin()
+        pos, kw = call.arguments()
+        value, _ = call.ctl.run(
+            attempt,
+            lambda: fn(*pos, **kw),
+            reconcile=spec.reconcile,
+            reconcile_eagerly=spec.reconcile_eagerly,
+        )
+        return value
+
+    return wrapper
+
+
+def _async_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) -> Any:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _Call(spec, control, args, kwargs)
+        attempt = await _admit(call)
+        pos, kw = call.arguments()
+        try:
+            with attempt_token(attempt.held_key):
+                value = await fn(*pos, **kw)
+        except BaseException as exc:
+            await _to_the_end(call.settle, attempt, exc)
+            raise
+        await _to_the_end(call.settle, attempt, None)
+        return value
+
+    return wrapper
 
 
 @dataclass(frozen=True)
