@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctrlrun.action import Action, Principal
+from ctrlrun.control import build_action
 from ctrlrun.errors import EffectKeyError, InvalidArgument
 from ctrlrun.policy import Policy
 
@@ -83,14 +84,14 @@ def prepare(
 ) -> Prepared | Unresolvable | Refusal:
     """The action, its effect key and the request facts the kernel and reconciler need."""
     try:
-        action = Action(mapped.action, mapped.arguments, principal, None, environment)
+        action = build_action(policy, mapped.action, mapped.arguments, principal, environment)
     except InvalidArgument as exc:
         return refusal_for(exc, action=mapped.action)
     key: str | None = None
     template = policy.effect_template(action.name)
     if template is not None:
         try:
-            key = template.resolve(action.arguments)
+            key = template.resolve(action.arguments, resource=action.resource)
         except EffectKeyError as exc:
             return Unresolvable(action, exc)
     headers = request.headers  # lower-case names

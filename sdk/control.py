@@ -89,17 +89,10 @@ class Control:
         *,
         resource: Template | None = None,
     ) -> Action:
-        """The ``Action`` for a call, its resource resolved from ``resource`` or the policy's
-        ``resource:`` template. A template naming a missing argument: ``InvalidArgument``."""
-        action = Action(name, arguments, principal, None, self.environment)
-        template = resource or self.policy.resource_template(name)
-        if template is None:
-            return action
-        try:
-            res = template.resolve(action.arguments)
-        except EffectKeyError as exc:
-            raise InvalidArgument(f"{name}: resource {exc}") from exc
-        return replace(action, resource=res)
+        """The ``Action`` for a call on this Control's policy (see ``build_action``)."""
+        return build_action(
+            self.policy, name, arguments, principal, self.environment, resource=resource
+        )
 
     # -- before execution --------------------------------------------------------------------
 
@@ -345,3 +338,26 @@ class Control:
 
     def resolve(self, effect_key: str, state: str, *, resolved_by: str = "cli:local") -> None:
         self.reconciler.resolve(effect_key, state, resolved_by=resolved_by)
+
+
+def build_action(
+    policy: Policy,
+    name: str,
+    arguments: Mapping[str, Any],
+    principal: Principal,
+    environment: str,
+    *,
+    resource: Template | None = None,
+) -> Action:
+    """The ``Action`` for a call, its resource filled from ``resource`` or else the policy's
+    ``resource:`` template (so it is part of the action's hash, and an ``effect:`` template
+    may name ``{resource}``). A template naming a missing argument: ``InvalidArgument``."""
+    action = Action(name, arguments, principal, None, environment)
+    template = resource or policy.resource_template(name)
+    if template is None:
+        return action
+    try:
+        res = template.resolve(action.arguments)
+    except EffectKeyError as exc:
+        raise InvalidArgument(f"{name}: resource {exc}") from exc
+    return replace(action, resource=res)

@@ -251,3 +251,22 @@ SAME = Action("stripe.refund", {"payment_id": "pi_1", "amount": 100}, AGENT)
 )
 def test_replayable(record: dict[str, object] | None, replays: bool) -> None:
     assert replayable(record, SAME, "idem-1", utc_now()) is replays
+
+
+def test_prepare_applies_the_policy_resource_template() -> None:
+    policy = Policy.from_yaml(
+        """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{resource}"
+    resource: "payment:{payment_id}"
+    decision: allow
+"""
+    )
+    got = prepare(STRIPE, request(), REFUND, AGENT, policy, "production")
+    assert isinstance(got, Prepared)
+    assert got.action.resource == "payment:pi_1" and got.effect_key == "refund:payment:pi_1"
+    missing = Mapped("stripe.refund", {"charge": "ch_1", "amount": 100})
+    refused = prepare(STRIPE, request(), missing, AGENT, policy, "production")
+    assert isinstance(refused, Refusal) and refused.outcome == "invalid_request"

@@ -57,7 +57,7 @@ EXPECTED: list[tuple[CTRLRunError, str, str, str | None]] = [
     (ApprovalRequired("apr_1"), "approval_required", "approval_required", "apr_1"),
     (ApprovalMismatch("mismatch", approval_id="apr_2"), "approval_invalid", "mismatch", "apr_2"),
     (ApprovalTimeout("apr_3"), "approval_invalid", "approval_timeout", "apr_3"),
-    (DuplicateEffect("committed", "k"), "duplicate", "committed", None),
+    (DuplicateEffect(state="committed", effect_key="k"), "duplicate", "committed", None),
     (AmbiguousEffect("k"), "ambiguous", "ambiguous", None),
     (InvalidArgument("a float"), "invalid_request", "invalid_argument", None),
     (EffectKeyError("no {x}"), "invalid_request", "effect_key_error", None),
@@ -100,8 +100,8 @@ def test_the_table(exc: CTRLRunError, outcome: str, reason: str, request_id: str
 @pytest.mark.parametrize(
     ("exc", "statuses"),
     [
-        (DuplicateEffect("committed", "k"), (409, 403, 409)),
-        (DuplicateEffect("in_progress", "k"), (409, 403, 409)),
+        (DuplicateEffect(state="committed", effect_key="k"), (409, 403, 409)),
+        (DuplicateEffect(state="in_progress", effect_key="k"), (409, 403, 409)),
         (ApprovalRequired("apr_1"), (403, 403, 403)),
         (InvalidArgument("x"), (400, 422, 400)),
         (StoreError("x"), (503, 503, 503)),
@@ -114,7 +114,7 @@ def test_statuses_per_profile(exc: Exception, statuses: tuple[int, int, int]) ->
 
 
 def test_an_in_progress_duplicate_is_not_called_committed() -> None:
-    refusal = refusal_for(DuplicateEffect("in_progress", "k"))
+    refusal = refusal_for(DuplicateEffect(state="in_progress", effect_key="k"))
     assert (refusal.outcome, refusal.reason) == ("in_progress", "in_progress")
 
 
