@@ -130,3 +130,80 @@ def test_async_eager_reconcile(control: Control, store: SQLiteStateStore) -> Non
     asyncio.run(main())
     assert answers == ["refund:p1"]
     assert state_of(store, "refund:p1") is EffectState.COMMITTED
+
+
+def test_cancelled_while_reserving_is_released_not_left_executing(
+    control: Control, store: SQLiteStateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reservation's thread finishes after the caller gave up: the key is released."""
+    import threading
+
+    in_begin, let_go = threading.Event(), threading.Event()
+    real_begin = Control.begin
+
+    def slow_begin(self: Control, *args: Any, **kwargs: Any) -> Any:
+        attempt = real_begin(self, *args, **kwargs)  # the key is taken...
+        in_begin.set()
+        let_go.wait(10)  # ...and the caller is cancelled before it hears so
+        return attempt
+
+    monkeypatch.setattr(Control, "begin", slow_begin)
+    ran: list[str] = []
+
+    @protect("refund", control=control)
+    async def refund(payment_id: str, amount: int) -> None:
+        ran.append(payment_id)
+
+    async def main() -> None:
+        with context("bot"):
+            task = asyncio.create_task(refund("p1", 1))
+            await asyncio.to_thread(in_begin.wait, 10)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            task.cancel()  # a second cancellation while it waits changes nothing
+            let_go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    assert ran == []
+    assert state_of(store, "refund:p1") is EffectState.FAILED
+    last = receipts(store)[-1]
+    assert last["result"] == "failed" and last["error"] == "not started: CancelledError"
+    monkeypatch.undo()
+
+    async def retry() -> None:
+        with context("bot"):
+            await refund("p1", 1)
+
+    asyncio.run(retry())  # nothing ran, so the retry may
+    assert ran == ["p1"] and state_of(store, "refund:p1") is EffectState.COMMITTED
+
+
+@pytest.mark.timeout(30)
+def test_cancelled_while_waiting_for_approval_stops_waiting(
+    make_control: Any, store: SQLiteStateStore
+) -> None:
+    import time
+
+    control = make_control(
+        "schema: ctrlrun.policy/v2\nactions:\n  wire: {effect: 'w:{n}', decision: approve}\n"
+    )
+
+    @protect("wire", wait=True, control=control)
+    async def wire(n: int) -> None:
+        raise AssertionError("ran without approval")
+
+    async def main() -> float:
+        with context("bot"):
+            task = asyncio.create_task(wire(1))
+            await asyncio.sleep(0.3)  # now polling for a human
+            started = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.monotonic() - started
+
+    waited = asyncio.run(main())
+    assert waited < 5  # the poll stops at its next round, not after the approval's 15 min
+    assert state_of(store, "w:1") is None
