@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ctrlrun import views
+from ctrlrun import checks, views
 from ctrlrun.action import utc_now
 from ctrlrun.errors import EffectKeyError
 from ctrlrun.states import EffectState
@@ -54,13 +54,23 @@ def effects(
         records = ledger.list_effects(
             conn, EffectState(state) if state else None, None if shown is None else shown + 1
         )
+        cut = shown is not None and len(records) > shown
+        records = records[:shown]
+        # When each ambiguous effect is asked next, so an operator sees the sweep is on it.
+        ambiguous = [r.effect_key for r in records if r.state is EffectState.AMBIGUOUS]
+        found = checks.schedules(conn, ambiguous) if ambiguous else {}
     if not records:
         say(f"no effects are {state}" if state else "no effects yet", as_json=as_json)
         return
     now = utc_now()
-    for rec in records[:shown]:
-        click.echo(json.dumps(views.effect_json(rec)) if as_json else views.effect_line(rec, now))
-    if shown is not None and len(records) > shown:
+    for rec in records:
+        schedule = found.get(rec.effect_key)
+        click.echo(
+            json.dumps(views.effect_json(rec, schedule))
+            if as_json
+            else views.effect_line(rec, now, schedule)
+        )
+    if cut:
         click.echo(f"(the newest {shown} shown; --limit N or --all for more)", err=True)
 
 

@@ -102,6 +102,10 @@ def _inspection_lines(action_id: str, found: dict[str, Any]) -> list[str]:
     if found["effect"]:
         e = found["effect"]
         lines.append(f"record     {e['effect_key']}  {e['state']}  attempt {e['attempt']}")
+        if e["state"] == "ambiguous":
+            due = e.get("next_check_at") or "now"
+            last = f", last answer {e['check_answer']}" if e.get("check_answer") else ""
+            lines.append(f"checks     asked {e.get('checks') or 0} times{last}, next check {due}")
     for a in found["approvals"]:
         by = f"  by {a['approver']}" if a["approver"] else ""
         lines.append(f"approval   {a['approval_id']}  {a['status']}{by}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -61,3 +62,25 @@ def test_a_settled_effect_shows_no_schedule(control: Control) -> None:
         found = checks.schedules(conn, [key])
     assert "next check" not in views.effect_line(rec, control.clock(), found[key])
     assert "checks" not in views.effect_json(rec, found[key])
+
+
+def test_the_cli_shows_when_an_ambiguous_effect_is_asked_next(control: Control) -> None:
+    from click.testing import CliRunner
+
+    from ctrlrun.cli import main as cli_main
+
+    clock = control.clock
+    asked, _fresh = stuck(control.store, 2, clock())
+    sweep(control, {"kube": Remote()}, keys=[asked])
+    url = control.store.location
+    listed = CliRunner().invoke(cli_main, ["effects", "--store-url", url])
+    assert listed.exit_code == 0, listed.output
+    assert "asked 1 times, next check " in listed.output
+    assert "asked 0 times, next check now" in listed.output
+    shown = CliRunner().invoke(cli_main, ["effects", "--json", "--store-url", url])
+    rows = {row["effect_key"]: row for row in map(json.loads, shown.output.splitlines())}
+    assert rows[asked]["checks"] == 1
+    with control.store.reading() as conn:
+        (rec,) = [r for r in ledger.list_effects(conn) if r.effect_key == asked]
+    inspected = CliRunner().invoke(cli_main, ["inspect", rec.action_id, "--store-url", url])
+    assert "checks     asked 1 times, last answer unknown, next check " in inspected.output
