@@ -36,6 +36,7 @@ from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
 from .forward import Forwarded, Forwarder, forward_headers
+from .ledger_health import LedgerHealth
 from .metrics import Metrics
 from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
 from .refusals import Refusal, refusal_for
@@ -69,6 +70,7 @@ class Guard:
         metrics: Metrics | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
+        self.health = LedgerHealth(self.metrics.ledger_available)
         self.control = control
         self.forwarder = forwarder
         self.reconcilers = reconcilers
@@ -136,7 +138,11 @@ class Guard:
         self, ctl: Control, up: Upstream, request: Request, bad: Unresolvable
     ) -> Handled:
         """Refuse an action whose effect key cannot be resolved, with a receipt saying why."""
-        receipt = await asyncio.to_thread(ctl.refuse_effect_key, bad.action, bad.error)
+        try:
+            receipt = await asyncio.to_thread(ctl.refuse_effect_key, bad.action, bad.error)
+        except Exception as exc:  # the refusal's receipt could not be written: still refused
+            refusal = self._note_ledger(refusal_for(exc, action=bad.action.name), exc)
+            return self.refused(up, request, refusal)
         refusal = refusal_for(bad.error, action=bad.action.name, receipt_id=receipt.receipt_id)
         return self.refused(up, request, refusal)
 
@@ -146,9 +152,14 @@ class Guard:
     def refused(self, up: Upstream, request: Request, refusal: Refusal) -> Handled:
         """ctrlrun's answer for ``refusal``, counted and logged (one line per decision)."""
         self.metrics.decisions.labels(refusal.action or "-", refusal.outcome).inc()
-        log.info(
-            "refused %s %s: %s (%s)", request.method, request.path, refusal.outcome, refusal.reason
-        )
+        if refusal.reason != "store_unavailable":  # an outage is logged once, by self.health
+            log.info(
+                "refused %s %s: %s (%s)",
+                request.method,
+                request.path,
+                refusal.outcome,
+                refusal.reason,
+            )
         return Handled(
             refusal.answer(up.profile),
             refusal.outcome,
@@ -182,17 +193,26 @@ class Guard:
             )
 
         try:
-            return await asyncio.to_thread(admit)
+            admitted = await asyncio.to_thread(admit)
         except Exception as exc:  # every refusal, and every failure, refuses: fail closed
             refusal = refusal_for(
                 exc, action=p.action.name, effect_key=p.effect_key, approval=p.approval_id
             )
-            if refusal.reason == "store_unavailable":
-                self.metrics.store_errors.inc()
-                log.error("ledger unavailable for %s: %s", p.action.name, exc)
-            elif refusal.reason == "internal_error":
+            self._note_ledger(refusal, exc)
+            if refusal.reason == "internal_error":
                 log.exception("internal error admitting %s: refused", p.action.name)
             return refusal
+        self.health.answered()
+        return admitted
+
+    def _note_ledger(self, refusal: Refusal, exc: BaseException) -> Refusal:
+        """Note whether the ledger answered: an outage is counted, and logged once."""
+        if refusal.reason == "store_unavailable":
+            self.metrics.store_errors.inc()
+            self.health.failed(refusal.action or "-", exc)
+        else:
+            self.health.answered()  # the kernel decided this refusal: the ledger answered
+        return refusal
 
     def _hook(
         self, ctl: Control, up: Upstream, creds: Mapping[str, str]

@@ -47,6 +47,11 @@ class Metrics:
         self.store_errors = Counter(
             "ctrlrun_store_errors", "Ledger errors that refused a request", registry=self.registry
         )
+        self.ledger_available = Gauge(
+            "ctrlrun_ledger_available",
+            "1 while the ledger answers the protected path, 0 during an outage",
+            registry=self.registry,
+        )
         self.upstream_latency = Histogram(
             "ctrlrun_upstream_latency_seconds",
             "Time to forward a protected request upstream",

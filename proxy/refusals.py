@@ -143,7 +143,7 @@ def _message(exc: BaseException, reason: str, action: str | None) -> str:
         # The kernel's own message names the SDK's with_approval; over HTTP it is a header.
         return f"{action or 'this action'} needs approval {getattr(exc, 'request_id', '')}"
     if reason == "store_unavailable":
-        return f"the ledger is unavailable: {exc}"
+        return f"the ledger cannot be reached; nothing was sent ({exc})"
     if reason == "internal_error":
         # Only the type: the text of an unexpected exception may hold anything.
         return f"internal error ({type(exc).__name__})"

@@ -150,4 +150,6 @@ def test_messages_over_http_name_the_header_not_the_sdk() -> None:
     refusal = refusal_for(ApprovalRequired("apr_7"), action="stripe.refund")
     assert refusal.message == "stripe.refund needs approval apr_7"
     assert "with_approval" not in refusal.message
-    assert refusal_for(StoreError("gone")).message == "the ledger is unavailable: gone"
+    assert refusal_for(StoreError("gone")).message == (
+        "the ledger cannot be reached; nothing was sent (gone)"
+    )
