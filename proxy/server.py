@@ -48,6 +48,7 @@ class ProxySettings:
     store_url: str | None = None
     principal: str | None = None
     admin: tuple[str, int] | None = None
+    mode: str = "regular"  # or "transparent": mitmproxy's mode for the ``listen`` address
     confdir: str = "~/.mitmproxy"
     sweep_interval: float = 60.0
     reconcile_deadline: float = 10.0
@@ -92,7 +93,7 @@ class Sidecar:
 
     def modes(self) -> tuple[list[str], dict[str, str]]:
         host, port = self.settings.listen
-        modes = [f"regular@{_bracket(host)}:{port}"]
+        modes = [f"{self.settings.mode}@{_bracket(host)}:{port}"]
         reverse: dict[str, str] = {}
         for up in self.upstreams:
             if up.listen:
@@ -126,12 +127,26 @@ def check(settings: ProxySettings) -> str:
         for up in sidecar.upstreams:
             if up.ca_file and not Path(up.ca_file).is_file():
                 raise PolicyError(f"upstreams.{up.name}.ca_file: no such file {up.ca_file}")
+        ca = ensure_ca(settings.confdir)
         return (
             f"ok: policy {sidecar.policy_file} ({len(sidecar.policy.actions)} actions, "
-            f"{len(sidecar.upstreams)} upstreams), ledger {sidecar.store.location}"
+            f"{len(sidecar.upstreams)} upstreams), ledger {sidecar.store.location}, CA {ca}"
         )
     finally:
         sidecar.store.close()
+
+
+def ensure_ca(confdir: str) -> Path:
+    """Create mitmproxy's CA in ``confdir`` unless it exists; return the file clients trust.
+
+    ``--check`` calls it, so an init step can hand agents the CA before the proxy serves.
+    """
+    from mitmproxy import certs
+
+    path = Path(os.path.expanduser(confdir))
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    certs.CertStore.from_store(path, "mitmproxy", 2048)  # mitmproxy's basename and key size
+    return path / "mitmproxy-ca-cert.pem"
 
 
 def serve(settings: ProxySettings) -> int:
@@ -276,7 +291,7 @@ class _Announce:
         for instance in server.servers:
             addrs = ", ".join(f"{_bracket(a[0])}:{a[1]}" for a in instance.listen_addrs)
             spec = instance.mode.full_spec
-            name = "proxy" if spec.startswith("regular") else f"reverse {self.sidecar_name(spec)}"
+            name = _listener_name(spec) or f"reverse {self.sidecar_name(spec)}"
             parts.append(f"{name} {addrs}")
         if self.admin is not None:
             host, port = self.admin.sockets[0].getsockname()[:2]
@@ -306,6 +321,14 @@ def _trust_bundle(confdir: Path, upstreams: Sequence[Upstream]) -> Path | None:
     bundle.write_text("\n".join(parts))
     ssl.create_default_context(cafile=str(bundle))  # fail now, not on the first request
     return bundle
+
+
+def _listener_name(spec: str) -> str | None:
+    if spec.startswith("regular"):
+        return "proxy"
+    if spec.startswith("transparent"):
+        return "transparent proxy"
+    return None
 
 
 def _bracket(host: str) -> str:

@@ -50,6 +50,14 @@ def demo(workdir: str) -> None:
     metavar="HOST:PORT",
     help="Explicit proxy listener (HTTPS_PROXY/HTTP_PROXY).",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["regular", "transparent"]),
+    default="regular",
+    show_default=True,
+    help="regular: agents set HTTPS_PROXY. transparent: --listen receives connections "
+    "redirected by netfilter (deploy/ctrlrun-egress.sh), for agents that ignore proxies.",
+)
 @store_option
 @click.option("--principal", metavar="NAME", help="The agent this sidecar speaks for.")
 @click.option("--admin", metavar="HOST:PORT", help="Admin listener (/healthz, /readyz, /metrics).")
@@ -80,6 +88,7 @@ def demo(workdir: str) -> None:
 def proxy(
     policy_file: str | None,
     listen: str,
+    mode: str,
     store_url: str | None,
     principal: str | None,
     admin: str | None,
@@ -95,6 +104,7 @@ def proxy(
       ctrlrun proxy --policy ctrlrun.yaml --principal refund-agent
       HTTPS_PROXY=http://127.0.0.1:8080 python agent.py   # trust ~/.mitmproxy/mitmproxy-ca-cert.pem
       ctrlrun proxy --policy ctrlrun.yaml --check
+      ctrlrun proxy --policy ctrlrun.yaml --principal refund-agent --mode transparent
     SIGHUP reloads the policy; SIGTERM finishes in-flight protected requests, then stops.
     """
     from ctrlrun.logsetup import configure
@@ -106,6 +116,7 @@ def proxy(
     settings = server.ProxySettings(
         policy=policy_file,
         listen=server.parse_address(listen, "--listen"),
+        mode=mode,
         store_url=store_url,
         principal=principal,
         admin=server.parse_address(admin, "--admin") if admin else None,

@@ -155,3 +155,140 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert not errors, result.stderr
     for arg in shlex.split(unit.split("ExecStart=")[1].splitlines()[0])[1:3]:
         assert arg in ("proxy", "--policy")
+
+
+def pod_spec() -> dict:
+    return kube_objects()["Deployment/refund-agent"]["spec"]["template"]["spec"]
+
+
+def test_only_the_sidecar_may_leave_the_pod() -> None:
+    """The egress init container names the sidecar's UID, the agent runs under another."""
+    pod = pod_spec()
+    containers = {c["name"]: c for c in pod["containers"]}
+    agent, sidecar = containers["agent"], containers["ctrlrun"]
+    egress = next(c for c in pod["initContainers"] if c["name"] == "ctrlrun-egress")
+    settings = {e["name"]: e["value"] for e in egress["env"]}
+    sidecar_uid = sidecar["securityContext"]["runAsUser"]
+    assert settings["CTRLRUN_UID"] == str(sidecar_uid)
+    assert agent["securityContext"]["runAsUser"] not in (sidecar_uid, 0)
+    assert egress["command"] == ["ctrlrun-egress"] and egress["image"] == "ctrlrun"
+    caps = egress["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"] and set(caps["add"]) <= {"NET_ADMIN", "NET_RAW"}
+    # The agent cannot undo the rules or become the sidecar's UID.
+    for c in (agent, sidecar):
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # The egress step must run before any container: it is an init container, after the CA.
+    assert [c["name"] for c in pod["initContainers"]][-1] == "ctrlrun-egress"
+    listen = sidecar["args"][sidecar["args"].index("--listen") + 1]
+    assert listen == f"127.0.0.1:{settings['CTRLRUN_PORT']}"
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    if settings["CTRLRUN_MODE"] == "transparent":
+        assert sidecar["args"][sidecar["args"].index("--mode") + 1] == "transparent"
+        assert not any(name.lower().endswith("_proxy") for name in env)
+    else:
+        assert settings["CTRLRUN_MODE"] == "owner" and "--mode" not in sidecar["args"]
+        assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == f"http://{listen}"
+
+
+def test_only_the_sidecar_holds_the_service_account_token() -> None:
+    pod = pod_spec()
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {
+        c["name"]: {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        for c in pod["containers"] + pod["initContainers"]
+    }
+    assert mounts["ctrlrun"][SA] == "kube-api-access"
+    assert all(SA not in paths for name, paths in mounts.items() if name != "ctrlrun")
+    volume = next(v for v in pod["volumes"] if v["name"] == "kube-api-access")
+    sources = volume["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 3607} in [
+        s.get("serviceAccountToken") for s in sources
+    ]
+    policy = documents(DEPLOY / "kubernetes" / "configmap.yaml")[0]["data"]["ctrlrun.yaml"]
+    assert f"token_file: {SA}/token" in policy and f"ca_file: {SA}/ca.crt" in policy
+
+
+def test_every_shipped_sidecar_names_its_agent() -> None:
+    """Without --principal (or agents: in the policy) every protected write is refused."""
+    pod = pod_spec()
+    commands = [c.get("command", []) + c.get("args", []) for c in pod["containers"][1:]]
+    commands += [pod["initContainers"][0]["command"]]
+    compose = documents(DEPLOY / "compose.yaml")[0]
+    commands.append(compose["services"]["ctrlrun"]["command"])
+    unit = (DEPLOY / "systemd" / "ctrlrun-proxy.service").read_text()
+    commands += [
+        shlex.split(line.split("=", 1)[1])
+        for line in unit.splitlines()
+        if line.startswith("ExecStart") and " proxy " in line
+    ]
+    assert len(commands) == 5
+    for argv in commands:
+        assert "--principal" in argv, argv
+
+
+def test_the_image_ships_the_egress_script() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "COPY deploy/ctrlrun-egress.sh /usr/local/bin/ctrlrun-egress" in text
+    assert "install -y --no-install-recommends iptables" in text
+    syntax = subprocess.run(
+        ["sh", "-n", str(DEPLOY / "ctrlrun-egress.sh")], capture_output=True, text=True
+    )
+    assert syntax.returncode == 0, syntax.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "CTRLRUN_UID must be"),
+        ({"CTRLRUN_UID": "ctrlrun"}, "CTRLRUN_UID must be"),
+        ({"CTRLRUN_UID": "10001", "CTRLRUN_MODE": "open"}, "must be owner or transparent"),
+        ({"CTRLRUN_UID": "10001", "CTRLRUN_PORT": "80a"}, "CTRLRUN_PORT must be"),
+    ],
+)
+def test_the_egress_script_refuses_bad_settings_before_touching_anything(
+    env: dict[str, str], message: str
+) -> None:
+    result = subprocess.run(
+        [shutil.which("sh") or "/bin/sh", str(DEPLOY / "ctrlrun-egress.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent", **env},  # no iptables to call, even by mistake
+        timeout=30,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_the_init_containers_check_creates_the_ca_the_agent_trusts(tmp_path: Path) -> None:
+    pod = pod_spec()
+    argv = [a for a in pod["initContainers"][0]["command"] if a != "--check"]
+    result = run_check(argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    agent = next(c for c in pod["containers"] if c["name"] == "agent")
+    ca = next(e["value"] for e in agent["env"] if e["name"] == "SSL_CERT_FILE")
+    assert (tmp_path / ca.lstrip("/")).read_text().startswith("-----BEGIN CERTIFICATE-----")
+    assert f"CA {tmp_path / ca.lstrip('/')}" in result.stdout
+
+
+def test_compose_keeps_the_agent_on_an_internal_network() -> None:
+    compose = documents(DEPLOY / "compose.yaml")[0]
+    services, networks = compose["services"], compose["networks"]
+    assert services["agent"]["networks"] == ["agents"] and networks["agents"]["internal"] is True
+    assert "agents" in services["ctrlrun"]["networks"]
+    assert services["agent"]["environment"]["HTTPS_PROXY"] == "http://ctrlrun:8080"
+    assert services["agent"]["profiles"] == ["agent"]  # `up` without it starts the sidecar alone
+
+
+def test_systemd_agent_drop_in_allows_only_loopback() -> None:
+    text = (DEPLOY / "systemd" / "ctrlrun-agent.conf").read_text()
+    lines = {
+        line.split("=", 1)[0]: line.split("=", 1)[1]
+        for line in text.splitlines()
+        if "=" in line and not line.startswith("#")
+    }
+    assert lines["IPAddressDeny"] == "any" and lines["IPAddressAllow"] == "localhost"
+    assert "HTTPS_PROXY=http://127.0.0.1:8080" in text
+    assert (
+        "ExecStartPre=/usr/bin/install -m 0644"
+        in (DEPLOY / "systemd" / "ctrlrun-proxy.service").read_text()
+    )

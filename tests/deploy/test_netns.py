@@ -1,0 +1,270 @@
+"""The shipped egress rules, for real, in a network namespace this test creates.
+
+The namespace plays the pod: the sidecar (``ctrlrun proxy``) runs in it under the sidecar's UID,
+the agent under another UID, and ``deploy/ctrlrun-egress.sh`` is applied exactly as the init
+container applies it. The fake remote listens in the host namespace, at the far end of a veth
+pair, so the only way to it leaves the "pod". Owner mode: the agent reaches the remote only
+through the sidecar, whatever it does with proxy variables. Transparent mode: an agent that
+knows nothing of proxies is guarded all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ctrlrun.testing import FakeStripe
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "ctrlrun-egress.sh"
+AGENT_UID = 10002  # the manifests' agent UID
+PROXY_PORT = 8080
+KEY = "sk_test_netns_4242"
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{{payment_id}}"
+    rules:
+      - when: {{amount_lte: 10000}}
+        decision: allow
+upstreams:
+  stripe:
+    profile: stripe
+    url: {url}
+    timeout: 5
+    reconcile: "off"
+"""
+
+
+def _unavailable() -> str | None:
+    if sys.platform != "linux":
+        return "network namespaces are Linux only"
+    if os.geteuid() != 0:
+        return "needs root to create a network namespace and netfilter rules (CI runs as root)"
+    for tool in ("ip", "iptables", "setpriv", "curl"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (apt-get install iproute2 iptables util-linux curl)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
+
+
+def _sidecar_uid() -> int:
+    """The manifests' sidecar UID, or root where that UID cannot run this interpreter."""
+    drop = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", "--", "env", "-i"]
+    probe = [*drop, sys.executable, "-c", "import ctrlrun.proxy.server"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return 10001 if ok else 0
+
+
+SIDECAR_UID = _sidecar_uid() if _unavailable() is None else 10001
+
+
+def run(*argv: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {result.stderr.strip()}")
+    return result
+
+
+@dataclass
+class Pod:
+    """A network namespace joined to the host by a veth pair (host end ``gateway``)."""
+
+    name: str
+    gateway: str  # the host end's address: where the fake remote listens
+    workdir: Path  # readable by both UIDs, writable by the sidecar's
+
+    def as_uid(self, uid: int, *argv: str, env: tuple[str, ...] = ()) -> list[str]:
+        base = ("PATH=/usr/sbin:/usr/bin:/bin", f"HOME={self.workdir}", *env)
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return ["ip", "netns", "exec", self.name, *drop, "env", "-i", *base, *argv]
+
+    def egress(self, mode: str) -> None:
+        """The init container's step: the shipped script, as root inside the namespace."""
+        env = [f"CTRLRUN_UID={SIDECAR_UID}", f"CTRLRUN_MODE={mode}", "CTRLRUN_DNS=none"]
+        run("ip", "netns", "exec", self.name, "env", *env, "sh", str(SCRIPT))
+
+    def agent(self, url: str, amount: int, *curl_args: str) -> tuple[int, str]:
+        """One refund by curl under the agent's UID, its proxy variables naming the sidecar.
+
+        Returns curl's exit code and ``"<status> <X-Ctrlrun-Outcome>"``.
+        """
+        proxies = tuple(f"{v}=http://127.0.0.1:{PROXY_PORT}" for v in ("http_proxy", "HTTPS_PROXY"))
+        argv = self.as_uid(AGENT_UID, "curl", "-sS", "--max-time", "10", *curl_args, env=proxies)
+        out = run(
+            *argv,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %header{x-ctrlrun-outcome}",
+            "-H",
+            f"Authorization: Bearer {KEY}",
+            "-d",
+            f"payment_intent=pi_{amount}",
+            "-d",
+            f"amount={amount}",
+            f"{url}/v1/refunds",
+            timeout=60,
+            check=False,
+        )
+        return out.returncode, out.stdout.strip()
+
+
+@pytest.fixture
+def pod() -> Iterator[Pod]:
+    tag = secrets.token_hex(3)
+    name, host_end, pod_end = f"ctrlrun-test-{tag}", f"crh{tag}", f"crp{tag}"
+    octet = int(tag[:2], 16)
+    gateway, address = f"198.18.{octet}.1", f"198.18.{octet}.2"  # RFC 2544 test range
+    workdir = Path(tempfile.mkdtemp(prefix="ctrlrun-netns-"))
+    try:
+        run("ip", "netns", "add", name)
+        run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+        run("ip", "link", "set", pod_end, "netns", name)
+        run("ip", "addr", "add", f"{gateway}/30", "dev", host_end)
+        run("ip", "link", "set", host_end, "up")
+        inside = ("ip", "netns", "exec", name, "ip")
+        run(*inside, "addr", "add", f"{address}/30", "dev", pod_end)
+        run(*inside, "link", "set", pod_end, "up")
+        run(*inside, "link", "set", "lo", "up")
+        workdir.chmod(0o755)
+        os.chown(workdir, SIDECAR_UID, SIDECAR_UID)
+        yield Pod(name, gateway, workdir)
+    finally:
+        run("ip", "netns", "del", name, check=False)  # takes the veth pair with it
+        run("ip", "link", "del", host_end, check=False)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class Sidecar:
+    """``ctrlrun proxy`` inside the pod, under the sidecar's UID, until ``stop``."""
+
+    def __init__(self, pod: Pod, remote: FakeStripe, mode: str) -> None:
+        self.pod = pod
+        policy = pod.workdir / "ctrlrun.yaml"
+        policy.write_text(POLICY.format(url=remote.url))
+        self.store_url = f"sqlite:///{pod.workdir / 'state.db'}"
+        argv = pod.as_uid(
+            SIDECAR_UID,
+            sys.executable,
+            "-m",
+            "ctrlrun.cli",
+            "proxy",
+            "--policy",
+            str(policy),
+            "--listen",
+            f"127.0.0.1:{PROXY_PORT}",
+            "--mode",
+            mode,
+            "--principal",
+            "refund-agent",
+            "--confdir",
+            str(pod.workdir / "ca"),
+            "--store-url",
+            self.store_url,
+        )
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.output: list[str] = []
+        self._started = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._started.wait(60) or not any("listening" in x for x in self.output):
+            self.stop()
+            raise AssertionError("the sidecar did not start:\n" + "".join(self.output))
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if "listening" in line:
+                self._started.set()
+        self._started.set()  # it ended: wake the waiter
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def receipts(self) -> list[dict[str, object]]:
+        out = run(
+            sys.executable,
+            "-m",
+            "ctrlrun.cli",
+            "receipts",
+            "--json",
+            "--store-url",
+            self.store_url,
+        ).stdout
+        return [r for r in map(json.loads, out.splitlines()) if r.get("kind") == "receipt"]
+
+
+@pytest.fixture
+def remote(pod: Pod) -> Iterator[FakeStripe]:
+    with FakeStripe(host=pod.gateway) as stripe:
+        for amount in (500, 700, 50_000):
+            stripe.add_payment_intent(f"pi_{amount}", amount=amount)
+        yield stripe
+
+
+def refunds(remote: FakeStripe) -> int:
+    return remote.count("POST", "/v1/refunds")
+
+
+def test_owner_rules_leave_the_sidecar_as_the_only_way_out(pod: Pod, remote: FakeStripe) -> None:
+    pod.egress("owner")
+    sidecar = Sidecar(pod, remote, "regular")
+    try:
+        # Straight to the remote, ignoring the proxy variables: refused by the kernel
+        # (curl's 7: could not connect).
+        assert pod.agent(remote.url, 500, "--noproxy", "*") == (7, "000"), "reached the remote"
+        assert refunds(remote) == 0
+        # The same request through the sidecar is guarded: allowed, then denied by policy.
+        via = ("--proxy", f"http://127.0.0.1:{PROXY_PORT}")
+        assert pod.agent(remote.url, 500, *via) == (0, "200")
+        assert pod.agent(remote.url, 50_000, *via) == (0, "403 denied")
+    finally:
+        sidecar.stop()
+    assert refunds(remote) == 1
+    results = sorted(str(r["result"]) for r in sidecar.receipts())
+    assert results == ["committed", "denied"], results
+
+
+def test_transparent_mode_guards_a_client_that_knows_nothing_of_proxies(
+    pod: Pod, remote: FakeStripe
+) -> None:
+    pod.egress("transparent")
+    sidecar = Sidecar(pod, remote, "transparent")
+    try:
+        assert "transparent proxy 127.0.0.1" in sidecar.output[-1], sidecar.output
+        # No proxy at all: the kernel hands the connection to the sidecar.
+        assert pod.agent(remote.url, 700, "--noproxy", "*") == (0, "200")
+        assert pod.agent(remote.url, 50_000, "--noproxy", "*") == (0, "403 denied")
+    finally:
+        sidecar.stop()
+    assert refunds(remote) == 1
+    receipts = sidecar.receipts()
+    assert sorted(str(r["result"]) for r in receipts) == ["committed", "denied"], receipts
+    assert {str(r["action"]) for r in receipts} == {"stripe.refund"}
