@@ -93,12 +93,14 @@ class CtrlrunAddon:
 def facts(flow: http.HTTPFlow) -> Request:
     """What the guard needs to know of a flow's request (the body as it will be forwarded)."""
     req = flow.request
+    names = [k.lower() for k in req.headers.keys(multi=True)]
     return Request(
         method=req.method.upper(),
         path=req.path.split("?", 1)[0],
         query={k: req.query.get_all(k) for k in req.query},
         headers={k.lower(): v for k, v in req.headers.items(multi=True)},
         body=req.raw_content if req.raw_content is not None else b"",
+        repeated=frozenset(name for name in names if names.count(name) > 1),
     )
 
 

@@ -7,6 +7,7 @@ Only evidence that the remote did nothing makes ``failed``; everything else that
     2xx                                                            committed
     4xx except 408 and 424 (Stripe 402 included)                   failed
     408, 424, 5xx, 1xx, 3xx, sent but no status line               ambiguous
+    Stripe 409 (another request with this Idempotency-Key runs)    ambiguous
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def classify(
     if status == 409 and profile == "kubernetes" and action == "k8s.delete_namespace":
         # The namespace is already being deleted: the effect exists.
         return "committed" if _namespace_terminating(body) else "failed"
+    if status == 409 and profile == "stripe":
+        # idempotency_key_in_use: another request with this key is still running at Stripe,
+        # and it may yet apply the effect this attempt names.
+        return "ambiguous"
     if 400 <= status <= 499 and status not in (408, 424):
         return "failed"
     # 408 and 424 may have run, a 5xx may have committed before failing, and ctrlrun's

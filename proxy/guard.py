@@ -326,14 +326,20 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
     ) -> Handled:
-        """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it."""
+        """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it.
+
+        Its answer settles the record only if it is evidence about the first attempt
+        (``replay.evidence``); otherwise the agent is told the record stays ambiguous.
+        """
         reply = await self.forwarder.send(
             up, request.method, target, forward_headers(headers), request.body
         )
-        outcome = self._classify(up, p.action.name, reply)
-        found = replay.answer(outcome)
+        found = replay.evidence(reply)
         await asyncio.to_thread(ctl.reconciler.settle, claimed.effect_key, found)
         log.info("same-key retry of ambiguous %s forwarded: %s", claimed.effect_key, found)
+        if found == "unknown":
+            return self.refused(up, request, replay.inconclusive(p, reply, claimed.effect_key))
+        outcome = "committed" if found == "committed" else "failed"
         return Handled(reply, outcome, replay.TRIGGER, p.action.name, claimed.effect_key)
 
     async def _unmapped(

@@ -32,6 +32,7 @@ class Request:
     query: Mapping[str, list[str]] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
     body: bytes = b""  # as it will be forwarded (still content-encoded, if it is)
+    repeated: frozenset[str] = frozenset()  # lower-case names of headers sent more than once
 
 
 @dataclass(frozen=True)

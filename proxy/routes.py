@@ -14,6 +14,7 @@ upstreams use only their own ``routes:``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .config import Upstream
@@ -67,7 +68,7 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
         # Neither a read nor a write we know: treated as a write that no route maps.
         return Unmapped(f"{shown(method)} is not a method ctrlrun maps")
     if method != request.method:
-        request = Request(method, request.path, request.query, request.headers, request.body)
+        request = dataclasses.replace(request, method=method)
     try:
         segments = path_segments(request.path)
         if upstream.profile == "stripe":

@@ -35,6 +35,11 @@ _PART = re.compile(r"\[([^\[\]]*)\]")
 _DIGITS = re.compile(r"[0-9]+\Z")
 _MAX_DEPTH = 5
 _ALIASES = ("payment_id",)  # names ctrlrun adds; a body that sets them would choose the key
+# Headers that say who acts, on which account, under which key or API version: sent twice,
+# which one Stripe reads is not ours to guess, and ctrlrun would decide on the other.
+IDENTITY_HEADERS = frozenset(
+    {"authorization", "idempotency-key", "stripe-account", "stripe-context", "stripe-version"}
+)
 
 
 def map_stripe(request: Request, segments: list[str]) -> RouteResult:
@@ -44,6 +49,7 @@ def map_stripe(request: Request, segments: list[str]) -> RouteResult:
         if params is None or method != request.method:
             continue
         check_body(request)
+        check_headers(request)
         arguments = _fields(request)
         for name, value in params.items():
             if arguments.setdefault(name, value) != value:
@@ -53,6 +59,18 @@ def map_stripe(request: Request, segments: list[str]) -> RouteResult:
         check_arguments(arguments)
         return Mapped(action, arguments)
     return Unmapped(f"no Stripe route maps {request.method} {shown(request.path)}")
+
+
+def check_headers(request: Request) -> None:
+    """Refuse identity-bearing headers Stripe could read otherwise than ctrlrun does."""
+    for name in sorted(IDENTITY_HEADERS & request.repeated):
+        raise BadInput(f"the header {name} is sent more than once")
+    for name in request.headers:
+        # Rack-style servers read '_' as '-': Idempotency_Key would be a second key.
+        if "_" in name and name.replace("_", "-") in IDENTITY_HEADERS:
+            raise BadInput(f"the header {shown(name)} would be read as {name.replace('_', '-')}")
+    if "idempotency-key" in request.headers and not request.headers["idempotency-key"].strip():
+        raise BadInput("the Idempotency-Key header is empty")
 
 
 def _add_payment_id(arguments: dict[str, Any]) -> None:
