@@ -17,7 +17,7 @@ from .answers import answer
 from .config import Upstream
 from .guard import Guard, Handled
 from .principal import Principals
-from .route_values import READ_METHODS
+from .route_values import hidden_write
 from .routes import PassThrough, Request
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,13 @@ class CtrlrunAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         self.auth.pop(client.id, None)
 
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # Only what mitmproxy forwards itself gets here (ctrlrun's own answers are set in
+        # ``request``): reads of upstreams and everything else. They are relayed as they
+        # arrive, never held whole: a watch only ends when the server ends it.
+        if flow.response is not None:
+            flow.response.stream = True
+
     def upstream_for(self, flow: http.HTTPFlow) -> Upstream | None:
         spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
         if spec in self.reverse_specs:
@@ -65,7 +72,8 @@ class CtrlrunAddon:
             upstream = self.upstream_for(flow)
             if upstream is None:
                 return  # not ours: no metadata, mitmproxy forwards it
-            if flow.request.method.upper() in READ_METHODS:
+            req = flow.request
+            if hidden_write(req.method, req.headers, req.query) is None:
                 _record(flow, upstream, {"outcome": "pass_through", "reason": "read"})
                 return  # reads always pass through, whatever the ledger's health
             result = await self.guard.handle(

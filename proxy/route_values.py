@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeAlias
@@ -16,6 +16,10 @@ MAX_BODY = 1024 * 1024
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The methods a route may name, in the order messages list them (config_parse uses it too).
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+# Headers (and a query parameter) that frameworks read as "use this method instead": a GET
+# carrying one may be a DELETE to the remote, so it is never a read.
+OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
+OVERRIDE_PARAMETER = "_method"
 
 # Unicode category Cc is exactly C0, DEL and C1: what can split a header or a log line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -73,6 +77,29 @@ class BadInput(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def hidden_write(method: str, headers: Container[str], query: Container[str]) -> str | None:
+    """Why a request can change something although nothing else says so; None for a read.
+
+    A read is exactly GET, HEAD or OPTIONS (as spelt: servers differ on "get"), with no
+    ``Upgrade`` (a websocket to ``pods/exec`` runs a command) and no method override.
+    ``headers`` holds lower-case names (a dict as ``Request`` has, or mitmproxy's Headers).
+    """
+    if method not in READ_METHODS:
+        return f"{shown(method)} is not a read method"
+    if "upgrade" in headers:
+        return f"{method} with Upgrade opens a connection that can change anything"
+    override = overridden(headers, query)
+    return None if override is None else f"{method} with {override}"
+
+
+def overridden(headers: Container[str], query: Container[str]) -> str | None:
+    """The method-override header (or query parameter) the request carries, if any."""
+    for name in OVERRIDE_HEADERS:
+        if name in headers:
+            return name
+    return f"?{OVERRIDE_PARAMETER}=" if OVERRIDE_PARAMETER in query else None
 
 
 def shown(text: str, limit: int = 120) -> str:

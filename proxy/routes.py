@@ -3,7 +3,8 @@
 Pure functions from values to values, with no mitmproxy import, so the addon, the tests and
 the CLI share them. ``map_request`` answers one of four values::
 
-    PassThrough   a read (GET, HEAD, OPTIONS), a Kubernetes watch, a server-side dry run
+    PassThrough   a read (GET, HEAD, OPTIONS without Upgrade or a method override), a
+                  Kubernetes watch, a server-side dry run
     Mapped        a write that matches a route: action name and plain-JSON arguments
     Unmapped      a write that matches no route (the upstream's ``unmapped_writes`` decides)
     Invalid       a write ctrlrun cannot read with certainty: refused, nothing forwarded
@@ -19,9 +20,9 @@ from typing import Any
 
 from .config import Upstream
 from .kube_routes import map_kubernetes
+from .kube_stream import STREAM_ACTIONS, map_kube_stream
 from .route_values import (
     MAX_BODY,
-    READ_METHODS,
     WRITE_METHODS,
     BadInput,
     Invalid,
@@ -32,9 +33,11 @@ from .route_values import (
     Unmapped,
     check_arguments,
     check_body,
+    hidden_write,
     load_json,
     match_path,
     media_type,
+    overridden,
     path_segments,
     shown,
 )
@@ -59,25 +62,45 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
     bodies hold. A write is matched against the profile's routes; only a matched write has
     its body read (at most ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
     """
-    method = request.method.upper()
-    if method in READ_METHODS:
+    if hidden_write(request.method, request.headers, request.query) is None:
         if upstream.profile == "kubernetes" and _is_watch(request):
             return PassThrough("a Kubernetes watch is a read")
-        return PassThrough(f"{method} is a read")
-    if method not in WRITE_METHODS:
+        return PassThrough(f"{request.method} is a read")
+    method = request.method.upper()
+    override = overridden(request.headers, request.query)
+    if override is not None:
+        # The remote may apply the override or the method: ctrlrun cannot know which.
+        return Invalid(
+            f"the request carries {override}: the remote may apply another method than "
+            f"{method}; send that method itself"
+        )
+    upgrade = "upgrade" in request.headers
+    if method not in WRITE_METHODS and not upgrade:
         # Neither a read nor a write we know: treated as a write that no route maps.
-        return Unmapped(f"{shown(method)} is not a method ctrlrun maps")
+        return Unmapped(f"{shown(request.method)} is not a method ctrlrun maps")
     if method != request.method:
         request = dataclasses.replace(request, method=method)
     try:
-        segments = path_segments(request.path)
-        if upstream.profile == "stripe":
-            return map_stripe(request, segments)
-        if upstream.profile == "kubernetes":
-            return map_kubernetes(upstream, request, segments)
-        return _map_http(upstream, request, segments)
+        result = _map_profile(upstream, request, path_segments(request.path))
     except BadInput as exc:
         return Invalid(exc.reason)
+    if upgrade and isinstance(result, Unmapped):
+        # Forwarding it would need a relay ctrlrun keeps for the actions it decides.
+        return Invalid(
+            f"{method} {shown(request.path)} asks to upgrade the connection and no route maps "
+            f"it; ctrlrun relays upgrades only for {', '.join(STREAM_ACTIONS)}"
+        )
+    return result
+
+
+def _map_profile(upstream: Upstream, request: Request, segments: list[str]) -> RouteResult:
+    if upstream.profile == "stripe":
+        return map_stripe(request, segments)
+    if upstream.profile == "kubernetes":
+        return map_kube_stream(upstream, request, segments) or map_kubernetes(
+            upstream, request, segments
+        )
+    return _map_http(upstream, request, segments)
 
 
 def _is_watch(request: Request) -> bool:

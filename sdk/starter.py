@@ -28,6 +28,10 @@ actions:
   k8s.delete_namespace:
     effect: "delete-ns:{cluster}:{name}"
     decision: deny
+  # A shell, an attach or a tunnel into a pod can change anything, and nothing records what.
+  k8s.exec: {decision: deny}          # kubectl exec (args: cluster namespace pod container command)
+  k8s.attach: {decision: deny}        # kubectl attach
+  k8s.port_forward: {decision: deny}  # kubectl port-forward (args: ... pod ports)
 
 # The sidecar proxy forwards protected requests to these upstreams.
 upstreams:

@@ -1,0 +1,101 @@
+"""Reads are relayed as they arrive: a Kubernetes watch through the sidecar delivers each event
+when the server sends it, so ``kubectl delete namespace`` (which waits on a watch) returns
+when the namespace is gone, not when the watch times out."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import kubernetes.client
+import kubernetes.watch
+import pytest
+from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from test_kubectl import KUBECONFIG, kubectl
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+pytestmark = pytest.mark.timeout(120)
+WATCH_SECONDS = 30  # the server ends the watch after this: a buffered relay waits this long
+FINALIZE_SECONDS = 1.5
+
+
+def core_api(base: str, proxy: str | None = None) -> kubernetes.client.CoreV1Api:
+    cfg = kubernetes.client.Configuration(
+        host=base,
+        api_key={"authorization": KUBE_TOKEN},
+        api_key_prefix={"authorization": "Bearer"},
+    )
+    cfg.proxy = proxy
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+
+
+def first_added_after(api: kubernetes.client.CoreV1Api, kube: FakeKubernetes, name: str) -> float:
+    """Watch namespaces, create ``name`` once the watch is open; seconds until its event came."""
+    rv = api.list_namespace().metadata.resource_version
+    created: list[float] = []
+
+    def create() -> None:
+        time.sleep(0.3)  # the watch is open by then; an event before it would be replayed anyway
+        created.append(time.monotonic())
+        kube.add_namespace(name)
+
+    threading.Thread(target=create, daemon=True).start()
+    watch = kubernetes.watch.Watch()
+    try:
+        for event in watch.stream(
+            api.list_namespace, resource_version=rv, timeout_seconds=WATCH_SECONDS
+        ):
+            if event["type"] == "ADDED" and event["object"].metadata.name == name:
+                return time.monotonic() - created[0]
+    finally:
+        watch.stop()
+    raise AssertionError(f"no ADDED event for {name}")
+
+
+@pytest.mark.parametrize("route", ["reverse", "explicit"])
+def test_a_watch_event_arrives_when_the_server_sends_it(
+    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], route: str
+) -> None:
+    _, kube = fakes
+    if route == "reverse":
+        api = core_api(sidecar.kube_base)
+    else:
+        api = core_api(kube.url, proxy=sidecar.proxy_url)  # HTTP_PROXY, as an agent sets it
+    lag = first_added_after(api, kube, f"watched-{route}")
+    # The fake sends within 0.05 s of the change; buffered, the event would wait 30 s.
+    assert lag < 0.5
+
+
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_delete_namespace_returns_when_the_namespace_is_gone(tmp_path: Path) -> None:
+    policy = POLICY.replace(
+        'effect: "delete-ns:{{cluster}}:{{name}}"\n    decision: deny',
+        'effect: "delete-ns:{{cluster}}:{{name}}"\n    decision: allow',
+    )
+    assert policy != POLICY
+    with (
+        FakeStripe() as stripe,
+        FakeKubernetes(finalize_namespaces_after=FINALIZE_SECONDS) as kube,
+    ):
+        kube.add_namespace("doomed")
+        sidecar = start_sidecar(tmp_path / "sc", stripe, kube, policy_text=policy, in_process=True)
+        try:
+            home = tmp_path / "home"
+            home.mkdir()
+            config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
+            (home / "kubeconfig").write_text(config)
+            done, elapsed = kubectl(home, "delete", "namespace", "doomed")
+            assert done.returncode == 0, done.stderr
+            assert 'namespace "doomed" deleted' in done.stdout
+            assert "doomed" not in kube.namespaces
+            # Deleted at once, gone FINALIZE_SECONDS later: kubectl's watch saw it within 2 s.
+            assert elapsed < FINALIZE_SECONDS + 2
+            assert sidecar.effect_state("delete-ns:prod-eu:doomed") == "committed"
+        finally:
+            sidecar.stop()
