@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
+from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ class StateStore:
                 self._begin(conn)
                 if self.dialect == "postgresql":
                     # Many sidecars may start at once on an empty database: one migrates, the
-                    # others wait here and then find the schema current.
+                    # others wait here (longer than a decision may) and then find it current.
+                    for name in ("statement_timeout", "lock_timeout"):
+                        conn.exec_driver_sql(f"SET LOCAL {name} = '{OPEN_TIMEOUT}'")
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
                 revision = _current_revision(conn)
                 if revision == HEAD_REVISION:
@@ -252,6 +255,10 @@ class PostgresStateStore(StateStore):
             parsed = parsed.set(drivername="postgresql+psycopg")
         else:
             raise InvalidArgument(f"not a PostgreSQL URL: {parsed.drivername}://…")
+        parsed, self.timeouts = session_options(parsed)
+        given = parsed.query.get("options")
+        parsed = parsed.difference_update_query(["options"])
+        options = options_string(self.timeouts, given if isinstance(given, str) else None)
         engine = create_engine(
             parsed,
             # A server restart leaves dead pooled connections; one round trip per checkout
@@ -260,7 +267,7 @@ class PostgresStateStore(StateStore):
             pool_recycle=300,
             pool_size=10,
             max_overflow=20,
-            connect_args={"connect_timeout": 5},
+            connect_args={"connect_timeout": 5, "options": options},
         )
         super().__init__(engine, create=create)
 
