@@ -49,6 +49,7 @@ def answer(
     effect_key: str | None,
     receipt_id: str | None,
     request_id: str | None = None,
+    resend: bool = False,
 ) -> Answer:
     """Build the answer for ``outcome`` in ``profile``'s error shape.
 
@@ -61,7 +62,7 @@ def answer(
     if outcome not in STATUSES:
         raise ValueError(f"unknown outcome {outcome!r}")
     status = STATUSES[outcome][PROFILES.index(profile)]
-    text = _message(outcome, message, effect_key=effect_key, request_id=request_id)
+    text = _message(outcome, message, effect_key=effect_key, request_id=request_id, resend=resend)
     block: dict[str, Any] = {
         "outcome": outcome,
         "reason": reason,
@@ -96,7 +97,9 @@ def answer(
     return Answer(status, tuple(headers), json.dumps(body, ensure_ascii=True).encode("ascii"))
 
 
-def _message(outcome: str, message: str, *, effect_key: str | None, request_id: str | None) -> str:
+def _message(
+    outcome: str, message: str, *, effect_key: str | None, request_id: str | None, resend: bool
+) -> str:
     """``ctrlrun: <what happened>. <what to do next>``"""
     what = message.strip()
     if what.lower().startswith("ctrlrun:"):
@@ -108,8 +111,14 @@ def _message(outcome: str, message: str, *, effect_key: str | None, request_id: 
     hints = {
         "denied": "Nothing was forwarded; do not retry: ask an operator to change the policy "
         "if this action should be allowed",
-        "approval_required": f"A human must approve it: run 'ctrlrun approve {approval}' and "
-        f"re-send the same request with header Ctrlrun-Approval: {approval}",
+        "approval_required": f"A human must approve it: run 'ctrlrun approve {approval}'; then "
+        + (
+            "re-send the identical request, once (no header needed; a changed request is a "
+            f"new one; Ctrlrun-Approval: {approval} may be sent too)"
+            if resend
+            else f"re-send the same request with header Ctrlrun-Approval: {approval} "
+            "(this action's policy says approval: header)"
+        ),
         "approval_invalid": "Nothing was forwarded; re-send the exact request the approval was "
         "granted for, or re-send without Ctrlrun-Approval to ask for a new approval",
         "duplicate": f"{effect[0].upper()}{effect[1:]} has already happened; do not retry "

@@ -59,6 +59,7 @@ class Refusal:
     effect_key: str | None = None
     receipt_id: str | None = None
     request_id: str | None = None
+    resend: bool = False  # approval_required: the identical request re-sent consumes it
 
     def answer(self, profile: str) -> Answer:
         return answer(
@@ -70,6 +71,7 @@ class Refusal:
             effect_key=self.effect_key,
             receipt_id=self.receipt_id,
             request_id=self.request_id,
+            resend=self.resend,
         )
 
 
@@ -135,6 +137,7 @@ def refusal_for(
         effect_key=effect_key,
         receipt_id=receipt_id,
         request_id=request_id,
+        resend=isinstance(exc, ApprovalRequired) and exc.resend,
     )
 
 

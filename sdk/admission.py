@@ -31,9 +31,10 @@ Upcoming inputs slot in as fields of ``Facts`` and a branch here, not as new par
 - a budget, ``Facts.budget`` (what remains, read in the same transaction): a ``RESERVE`` plan
   carries one more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is
   spent atomically with the reservation and a lost race re-plans;
-- a standing approval: with no id presented, the writer looks up "a granted, unconsumed
-  approval for this very action hash from this principal" and passes its row as
-  ``Facts.approval`` (and its id); ``_present`` consumes it as it does a presented one.
+- a standing approval (``Facts.resend``, unless the policy says ``approval: header``): with
+  no id presented, the writer looks up "a granted, unconsumed approval for this very action
+  hash" (the hash covers the principal) and passes its row as ``Facts.approval`` (and its
+  id); ``_present`` consumes it as it does a presented one.
 """
 
 from __future__ import annotations
@@ -100,6 +101,16 @@ def wants_approval_row(f: Facts) -> bool:
     )
 
 
+def wants_standing_approval(f: Facts) -> bool:
+    """Whether the writer looks for a granted approval of this very action (none presented)."""
+    return (
+        f.resend
+        and f.approval_id is None
+        and f.mode == "enforce"
+        and f.evaluation.decision is Decision.APPROVE
+    )
+
+
 def attempt_of(f: Facts, plan: Plan) -> Attempt:
     """The attempt a plan leaves: what ``Control.begin`` returns, or the refusal's receipt."""
     return Attempt(
@@ -162,7 +173,11 @@ def _request(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
     data = {"action_hash": a.hash, "expires_at": expires}
     requested = NewEvent(E.APPROVAL_REQUESTED, a.action_id, None, request_id, data)
     refusal = Refusal(
-        "approval_required", "approval_required", action_id=a.action_id, request_id=request_id
+        "approval_required",
+        "approval_required",
+        action_id=a.action_id,
+        request_id=request_id,
+        resend=f.resend,
     )
     return Plan(Verdict.NEEDS_APPROVAL, (*head, requested), (InsertApproval(row),), refusal=refusal)
 

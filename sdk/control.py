@@ -121,6 +121,7 @@ class Control:
             mode=policy.mode,
             window=policy.window(action.name),
             approval_id=approval_id,
+            resend=not policy.approval_by_header_only(action.name),
             may_reconcile=reconcile is not None and effect_key is not None,
             request_id=new_id("apr") if asks else None,
             approval_ttl=self.approval_ttl,

@@ -71,15 +71,23 @@ class ApprovalRequired(CTRLRunError):
         *,
         action_id: str | None = None,
         receipt_id: str | None = None,
+        resend: bool = False,
     ):
+        how = (
+            "then call again with the identical arguments (or retry inside "
+            f"ctrlrun.with_approval('{request_id}'))"
+            if resend
+            else f"then retry inside ctrlrun.with_approval('{request_id}')"
+        )
         super().__init__(
-            message
-            or f"approval required: run 'ctrlrun approve {request_id}', then retry inside "
-            f"ctrlrun.with_approval('{request_id}')",
+            message or f"approval required: run 'ctrlrun approve {request_id}', {how}",
             receipt_id=receipt_id,
         )
         self.request_id = request_id
         self.action_id = action_id
+        # True: the identical action, re-sent once approved, consumes the approval without
+        # naming it; False: the policy says ``approval: header``, so it must be presented.
+        self.resend = resend
 
 
 class ApprovalMismatch(CTRLRunError):

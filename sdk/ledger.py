@@ -285,6 +285,22 @@ def approval_row(conn: Connection, approval_id: str) -> Mapping[str, Any] | None
     return None if row is None else dict(row._mapping)
 
 
+def granted_approval(conn: Connection, action_hash: str, now: str) -> Mapping[str, Any] | None:
+    """The oldest granted, unexpired approval for ``action_hash`` (``now`` in ISO form)."""
+    stmt = (
+        select(approvals)
+        .where(
+            approvals.c.status == "granted",
+            approvals.c.action_hash == action_hash,
+            approvals.c.expires_at > now,
+        )
+        .order_by(approvals.c.granted_at, approvals.c.approval_id)
+        .limit(1)
+    )
+    row = conn.execute(stmt).first()
+    return None if row is None else dict(row._mapping)
+
+
 def insert_approval(conn: Connection, values: Mapping[str, Any]) -> None:
     conn.execute(insert(approvals).values(**values))
 

@@ -45,6 +45,9 @@ class Facts:
     record: EffectRecord | None = None  # the key's record; None: no record (or not read yet)
     approval_id: str | None = None  # the approval presented
     approval: Mapping[str, Any] | None = None  # its row; None: no such approval
+    # With no approval presented, the writer may look up a granted one for this very action
+    # hash (the hash covers the principal) and present it: "the identical request, re-sent".
+    resend: bool = False
     may_reconcile: bool = False  # a hook is given and has not been asked for this attempt
     announced: bool = False  # ACTION_PROPOSED and POLICY_EVALUATED are written already
     request_id: str | None = None  # the id a new approval request gets
@@ -129,13 +132,16 @@ class Refusal:
     action_id: str | None = None  # the refused action's, or the key holder's
     effect_key: str | None = None
     request_id: str | None = None  # the approval requested, or the one presented
+    resend: bool = False  # approval_required: re-sending the identical action will consume it
 
     def error(self, receipt_id: str | None = None) -> CTRLRunError:
         r, m, kw = self.reason, self.message, {"receipt_id": receipt_id}
         if self.kind == "denied":
             return ActionDenied(r, m, action_id=self.action_id, **kw)
         if self.kind == "approval_required":
-            return ApprovalRequired(self.request_id or "", m, action_id=self.action_id, **kw)
+            return ApprovalRequired(
+                self.request_id or "", m, action_id=self.action_id, resend=self.resend, **kw
+            )
         if self.kind == "approval_invalid":
             return ApprovalMismatch(r, m, approval_id=self.request_id, **kw)
         if self.kind == "duplicate":

@@ -74,7 +74,11 @@ ACTION_KEYS = {
     "effect": SCHEMA_V2,
     "resource": SCHEMA_V2,
     "window": SCHEMA_V2,
+    "approval": SCHEMA_V2,
 }
+# How a granted approval may be used: by the identical action re-sent ("resend", so a client
+# that cannot add a header, such as kubectl, can finish it), or only when presented ("header").
+APPROVAL_USES = ("resend", "header")
 _OWN_KEYS = frozenset({"schema", "actions", "mode"})
 RULE_KEYS = ("when", "decision")
 MODES = ("enforce", "observe")
@@ -122,6 +126,7 @@ class ActionPolicy:
     effect: Template | None = None
     resource: Template | None = None
     window: timedelta | None = None
+    approval: Literal["resend", "header"] = "resend"
 
     def evaluate(self, arguments: Mapping[str, Any]) -> Evaluation:
         if self.decision is not None:
@@ -245,6 +250,11 @@ class Policy:
         entry = self.actions.get(name)
         return entry.window if entry is not None else None
 
+    def approval_by_header_only(self, name: str) -> bool:
+        """Whether a granted approval for ``name`` is used only when presented by its id."""
+        entry = self.actions.get(name)
+        return entry is not None and entry.approval == "header"
+
     def actions_without_effect(self) -> list[str]:
         """Names of the actions that have no ``effect:`` and so no duplicate protection."""
         return sorted(name for name, entry in self.actions.items() if entry.effect is None)
@@ -319,6 +329,10 @@ def _action(name: str, value: Any, where: Where, schema: str) -> ActionPolicy:
         effect=_template(value["effect"], at("effect")) if "effect" in value else None,
         resource=_template(value["resource"], at("resource")) if "resource" in value else None,
         window=parse_window(value["window"], at("window")) if "window" in value else None,
+        approval=cast(
+            Literal["resend", "header"],
+            expect_choice(value.get("approval", "resend"), at("approval"), APPROVAL_USES),
+        ),
     )
 
 

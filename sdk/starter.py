@@ -19,7 +19,7 @@ actions:
     effect: "cancel:{payment_intent}"
     decision: allow
   k8s.scale:
-    effect: "scale:{cluster}:{deployment}:{replicas}"
+    effect: "scale:{cluster}:{namespace}:{deployment}:{replicas}"
     window: 10m                       # the same scale may be asked again after 10 minutes
     rules:
       - when: {replicas_lte: 20}

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection
 
 from . import ledger
-from .admission import attempt_of, plan_admission, wants_approval_row
+from .action import iso
+from .admission import attempt_of, plan_admission, wants_approval_row, wants_standing_approval
 from .attempt import Attempt, attempt_receipt
 from .errors import AmbiguousEffect
 from .plan import (
@@ -64,6 +65,10 @@ def admit_on(conn: Connection, facts: Facts) -> Admitted:
     """Plan and write on an open transaction (the caller commits, or rolls back on LostRace)."""
     if facts.approval_id is not None and wants_approval_row(facts):
         facts = replace(facts, approval=ledger.approval_row(conn, facts.approval_id))
+    elif facts.resend and wants_standing_approval(facts):
+        row = ledger.granted_approval(conn, facts.action.hash, iso(facts.now))
+        if row is not None:  # the identical action, approved: consumed as if presented
+            facts = replace(facts, approval_id=row["approval_id"], approval=row)
     plan = plan_admission(facts)
     writes = plan.writes
     if writes and isinstance(writes[0], InsertEffect):

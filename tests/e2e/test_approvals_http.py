@@ -142,3 +142,23 @@ def test_small_refund_needs_no_approval(sc: Sidecar, fake: FakeStripe) -> None:
 
     assert done.status == "succeeded"
     assert [r["decision"] for r in receipts_for(sc, f"refund:{pi}")] == ["allow"]
+
+
+def test_the_identical_refund_resent_without_the_header_consumes_the_approval(
+    sc: Sidecar, fake: FakeStripe
+) -> None:
+    pi = fake.add_payment_intent(amount=500_000)["id"]
+    client = stripe_client(sc.stripe_base)
+    request_id = ask(client, pi, BIG)
+    assert sc.cli("approve", request_id, "--store-url", sc.store_url).returncode == 0
+
+    # A changed refund is a new request; the approval waits for the one it was granted for.
+    changed = ask(client, pi, BIG - 1)
+    assert changed != request_id and fake.requests == []
+
+    done = refund(client, pi, BIG)  # no Ctrlrun-Approval: a new Idempotency-Key, same action
+
+    assert done.status == "succeeded"
+    (committed,) = [r for r in receipts_for(sc, f"refund:{pi}") if r["result"] == "committed"]
+    assert committed["approval_id"] == request_id
+    assert fake.count("POST", "/v1/refunds") == 1

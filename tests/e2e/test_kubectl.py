@@ -4,13 +4,14 @@ recorded once, refused after."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from harness import KUBE_TOKEN, Sidecar, clean_env
+from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, start_sidecar
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
@@ -87,3 +88,53 @@ def test_kubectl_scale_is_recorded_and_a_second_one_refused_promptly(
     assert kube.writes_applied == 1
     receipts = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
     assert "allow/blocked  " + KEY in receipts
+
+
+APPROVE_SCALES = POLICY.replace(
+    '    effect: "scale:{{cluster}}:{{deployment}}:{{replicas}}"\n    decision: allow\n',
+    '    effect: "scale:{{cluster}}:{{namespace}}:{{deployment}}:{{replicas}}"\n'
+    "    decision: approve\n",
+)
+
+
+def asked(done: subprocess.CompletedProcess[str]) -> str:
+    """The approval request id a refused kubectl command printed."""
+    assert done.returncode != 0
+    found = re.search(r"ctrlrun approve (apr_[0-9a-f]{32})", done.stderr)
+    assert found, done.stderr
+    assert "re-send the identical request" in done.stderr
+    return found.group(1)
+
+
+def test_kubectl_rerun_after_approve_succeeds_once_and_a_changed_command_asks_again(
+    fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    _, kube = fakes
+    assert "decision: approve" in APPROVE_SCALES
+    sidecar = start_sidecar(tmp_path / "sc", *fakes, policy_text=APPROVE_SCALES, in_process=True)
+    try:
+        home = tmp_path / "home"
+        home.mkdir()
+        config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
+        (home / "kubeconfig").write_text(config)
+        scale = ("scale", "deployment/checkout")
+
+        request_id = asked(kubectl(home, *scale, "--replicas=6")[0])
+        granted = sidecar.cli("approve", request_id, "--store-url", sidecar.store_url)
+        assert granted.returncode == 0, granted.stderr
+
+        changed = asked(kubectl(home, *scale, "--replicas=7")[0])  # a new request
+        assert changed != request_id
+        assert kube.replicas("default", "checkout") == 3
+
+        again, _ = kubectl(home, *scale, "--replicas=6")  # the identical command: no header
+        assert again.returncode == 0, again.stderr
+        assert kube.replicas("default", "checkout") == 6
+
+        # Once: the same command again asks anew, and nothing more is written.
+        assert asked(kubectl(home, *scale, "--replicas=6")[0]) not in (request_id, changed)
+        assert kube.writes_applied == 1
+        receipts = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
+        assert "k8s.scale  approve/committed  scale:prod-eu:default:checkout:6" in receipts
+    finally:
+        sidecar.stop()

@@ -303,3 +303,86 @@ def test_with_approval_needs_an_id() -> None:
 
     with pytest.raises(InvalidArgument), with_approval(""):
         pass
+
+
+HEADER_POLICY = (
+    APPROVE_POLICY
+    + """\
+  wire_by_id:
+    effect: "wire-by-id:{wire_id}"
+    decision: approve
+    approval: header
+"""
+)
+
+
+def test_the_identical_call_consumes_a_granted_approval_without_naming_it(
+    wire: Wire, store: SQLiteStateStore
+) -> None:
+    request_id = request(wire, "w1", 900)
+    assert "call again with the identical arguments" in str(
+        ApprovalRequired(request_id, resend=True)
+    )
+    grant(store, request_id)
+    with context("bot"):
+        assert wire("w1", 900) == "sent w1"
+    assert wire.runs == [("w1", 900)]
+    assert status(store, request_id) == "consumed"
+    (doc,) = receipts(store)
+    assert doc["result"] == "committed" and doc["approval_id"] == request_id
+    # Used once: the same call again is a new request (and then refused as a duplicate).
+    with context("bot"), pytest.raises(ApprovalRequired) as info:
+        wire("w1", 900)
+    assert info.value.request_id != request_id
+
+
+def test_a_changed_call_or_another_principal_does_not_consume_it(
+    wire: Wire, store: SQLiteStateStore
+) -> None:
+    request_id = request(wire, "w1", 900)
+    grant(store, request_id)
+    for who, args in (("bot", ("w1", 901)), ("bot", ("w2", 900)), ("other-bot", ("w1", 900))):
+        with context(who), pytest.raises(ApprovalRequired) as info:
+            wire(*args)
+        assert info.value.request_id != request_id and info.value.resend
+    assert wire.runs == [] and status(store, request_id) == "granted"
+    with context("bot"):
+        wire("w1", 900)
+    assert wire.runs == [("w1", 900)]
+
+
+def test_an_expired_or_denied_approval_is_not_consumed_by_a_resend(
+    wire: Wire, store: SQLiteStateStore, clock: Clock
+) -> None:
+    denied = request(wire, "w1", 900)
+    grant(store, denied, ok=False)
+    with context("bot"), pytest.raises(ApprovalRequired):
+        wire("w1", 900)
+    expired = request(wire, "w2", 900)
+    grant(store, expired)
+    clock.advance(minutes=15, seconds=1)
+    with context("bot"), pytest.raises(ApprovalRequired):
+        wire("w2", 900)
+    assert wire.runs == []
+    assert status(store, denied) == "denied" and status(store, expired) == "granted"
+
+
+def test_approval_header_requires_the_approval_to_be_presented(
+    make_control: Callable[..., Control], store: SQLiteStateStore
+) -> None:
+    control = make_control(HEADER_POLICY)
+    runs: list[str] = []
+
+    @protect("wire_by_id", control=control)
+    def wire(wire_id: str) -> None:
+        runs.append(wire_id)
+
+    request_id = request(wire, "w1")
+    grant(store, request_id)
+    with context("bot"), pytest.raises(ApprovalRequired) as info:
+        wire("w1")
+    assert not info.value.resend and "with_approval" in str(info.value)
+    assert runs == [] and status(store, request_id) == "granted"
+    with context("bot"), with_approval(request_id):
+        wire("w1")
+    assert runs == ["w1"]

@@ -235,6 +235,18 @@ CASES: list[tuple[str, str, int, tuple[str, ...]]] = [
     ("bad_mode", V2 + ALLOW + "mode: off\n", 4, ("mode:", "enforce, observe", "'off'")),
     ("bool_mode", V2 + ALLOW + "mode: true\n", 4, ("mode:", "True")),
     (
+        "bad_approval_use",
+        V2 + "actions:\n  a:\n    decision: approve\n    approval: headers\n",
+        5,
+        ("actions.a.approval:", "resend, header", "'headers'"),
+    ),
+    (
+        "v2_key_under_v1_approval",
+        V1 + "actions:\n  a:\n    decision: approve\n    approval: header\n",
+        5,
+        ("actions.a.approval:", "ctrlrun.policy/v2"),
+    ),
+    (
         "bad_window",
         V2 + "actions:\n  a:\n    decision: allow\n    window: 10 minutes\n",
         5,
