@@ -16,6 +16,7 @@ from mitmproxy import connection, http
 from .answers import answer
 from .config import Upstream
 from .guard import Guard, Handled
+from .mcp_gate import McpGate, internal_error
 from .principal import Principals
 from .route_values import hidden_write
 from .routes import PassThrough, Request
@@ -40,6 +41,7 @@ class CtrlrunAddon:
         self.by_name = {u.name: u for u in upstreams}
         self.reverse_specs = reverse_specs  # mode spec -> upstream name
         self.auth: dict[str, str] = {}  # client connection id -> Proxy-Authorization
+        self.mcp = McpGate(guard)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Through HTTPS_PROXY the credential is on the CONNECT, not on the requests inside it.
@@ -72,6 +74,9 @@ class CtrlrunAddon:
             upstream = self.upstream_for(flow)
             if upstream is None:
                 return  # not ours: no metadata, mitmproxy forwards it
+            if upstream.mcp is not None:
+                await self._mcp(flow, upstream)
+                return
             req = flow.request
             if hidden_write(req.method, req.headers, req.query) is None:
                 _record(flow, upstream, {"outcome": "pass_through", "reason": "read"})
@@ -92,6 +97,21 @@ class CtrlrunAddon:
                 "internal error on %s %s: refused", flow.request.method, flow.request.path
             )
             _refuse_internal(flow, upstream, exc)
+
+    async def _mcp(self, flow: http.HTTPFlow, upstream: Upstream) -> None:
+        """An MCP upstream: only its tool calls are decided; the rest passes, streamed."""
+        got = await self.mcp.handle(
+            upstream,
+            facts(flow),
+            target=flow.request.path,
+            headers=list(flow.request.headers.items(multi=True)),
+            principal=self.principals.resolve(self._auth(flow)),
+        )
+        if isinstance(got, PassThrough):
+            _record(flow, upstream, {"outcome": "pass_through", "reason": got.reason, "mcp": True})
+            return
+        flow.response = to_response(got.status, got.headers, got.body)
+        _record(flow, upstream, {"outcome": "tool_calls", "calls": list(got.decisions)})
 
     def _auth(self, flow: http.HTTPFlow) -> str | None:
         header = flow.request.headers.get("proxy-authorization")
@@ -129,6 +149,11 @@ def _apply(flow: http.HTTPFlow, upstream: Upstream, handled: Handled) -> None:
 
 
 def _refuse_internal(flow: http.HTTPFlow, upstream: Upstream | None, exc: Exception) -> None:
+    if upstream is not None and upstream.mcp is not None:
+        got = internal_error(exc)
+        flow.response = to_response(got.status, got.headers, got.body)
+        flow.metadata[METADATA] = {"upstream": upstream.name, **got.decisions[0]}
+        return
     a = answer(
         upstream.profile if upstream else "http",
         "unavailable",

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Profile = Literal["stripe", "kubernetes", "http"]
+from .mcp_config import McpSettings
+
+Profile = Literal["stripe", "kubernetes", "http", "mcp", "stripe-mcp"]
 ReconcileMode = Literal["eager", "lazy", "off"]
 
 
@@ -51,6 +53,7 @@ class Upstream:
     reconcile: ReconcileMode = "eager"
     routes: tuple[Route, ...] = ()
     unmapped_writes: Literal["deny", "allow"] = "deny"
+    mcp: McpSettings | None = None  # the tools of a profile: mcp or stripe-mcp upstream
 
 
 @dataclass(frozen=True)

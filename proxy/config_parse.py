@@ -23,6 +23,7 @@ from ctrlrun.templates import TemplateSyntaxError, parse_template
 from ctrlrun.yamlstrict import (
     Where,
     YamlList,
+    YamlMap,
     check_keys,
     check_plain,
     expect_choice,
@@ -41,17 +42,21 @@ from .config import (
     RouteReconcile,
     Upstream,
 )
+from .mcp_config import MCP_PROFILES, STRIPE_API, McpSettings, parse_mcp
 from .route_values import WRITE_METHODS
 
-PROFILES = ("stripe", "kubernetes", "http")
+PROFILES = ("stripe", "kubernetes", "http", *MCP_PROFILES)
 # Upstream keys that every profile takes; PROFILE_ONLY adds the rest.
 COMMON_KEYS = ("profile", "url", "listen", "ca_file", "timeout", "reconcile", "unmapped_writes")
 # Keys that only one profile understands: anywhere else they would be silently ignored.
-PROFILE_ONLY = {
-    "cluster": "kubernetes",
-    "token_file": "kubernetes",
-    "api_key_env": "stripe",
-    "routes": "http",
+PROFILE_ONLY: dict[str, tuple[str, ...]] = {
+    "cluster": ("kubernetes",),
+    "token_file": ("kubernetes",),
+    "api_key_env": ("stripe", "stripe-mcp"),
+    "routes": ("http",),
+    "tools": MCP_PROFILES,
+    "unmapped_tools": MCP_PROFILES,
+    "api_url": ("stripe-mcp",),
 }
 ROUTE_KEYS = frozenset({"method", "path", "action", "reconcile"})
 ROUTE_RECONCILE_KEYS = ("get", "committed", "not_executed")
@@ -103,8 +108,10 @@ def _upstream(name: str, value: Any, where: Where, actions: Collection[str]) -> 
 
     profile = cast(Profile, expect_choice(entry["profile"], at("profile"), PROFILES))
     for key, only in PROFILE_ONLY.items():
-        if key in entry and profile != only:
-            raise at(key).error(f"only a 'profile: {only}' upstream takes this key, not {profile}")
+        if key in entry and profile not in only:
+            raise at(key).error(
+                f"only a 'profile: {' or '.join(only)}' upstream takes this key, not {profile}"
+            )
     scheme, host, port, url = parse_url(entry["url"], at("url"))
     listen = parse_listen(entry["listen"], at("listen")) if "listen" in entry else None
     cluster = expect_str(entry["cluster"], at("cluster")) if "cluster" in entry else None
@@ -142,7 +149,19 @@ def _upstream(name: str, value: Any, where: Where, actions: Collection[str]) -> 
         reconcile=cast(ReconcileMode, reconcile),
         routes=routes,
         unmapped_writes="allow" if unmapped == "allow" else "deny",
+        mcp=_mcp(entry, where, profile, actions),
     )
+
+
+def _mcp(
+    entry: YamlMap, where: Where, profile: str, actions: Collection[str]
+) -> McpSettings | None:
+    if profile not in MCP_PROFILES:
+        return None
+    api_url = None
+    if profile == "stripe-mcp":
+        api_url = parse_url(entry.get("api_url", STRIPE_API), where.key(entry, "api_url"))[3]
+    return parse_mcp(entry, where, profile, actions, api_url)
 
 
 def parse_url(value: Any, where: Where) -> tuple[str, str, int, str]:

@@ -23,12 +23,18 @@ def reconciler_for(up: Upstream) -> ProxyReconciler | None:
         return StripeReconciler.for_target(stripe_target(up))
     if up.profile == "kubernetes":
         return KubernetesReconciler.for_target(kubernetes_target(up))
+    if up.profile == "stripe-mcp":
+        # Tool calls to Stripe's MCP server are settled by asking Stripe's REST API.
+        return StripeReconciler.for_target(stripe_target(up))
+    if up.profile == "mcp":
+        return None
     target = declarative_target(up)
     return DeclarativeReconciler.for_target(target) if target.checks else None
 
 
 def stripe_target(up: Upstream) -> StripeTarget:
-    return StripeTarget(up.url, api_key_env=up.api_key_env, ca_file=up.ca_file, timeout=up.timeout)
+    base = up.mcp.api_url if up.mcp is not None and up.mcp.api_url else up.url
+    return StripeTarget(base, api_key_env=up.api_key_env, ca_file=up.ca_file, timeout=up.timeout)
 
 
 def kubernetes_target(up: Upstream) -> KubernetesTarget:

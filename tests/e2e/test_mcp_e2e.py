@@ -1,0 +1,70 @@
+"""The official ``mcp`` client through the sidecar (explicit mode) to the fake Stripe MCP
+server: tool calls are decided, refused with a ``ctrlrun:`` tool error, and recorded; JSON
+and SSE answers alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import Sidecar
+from mcp_support import ledger_json, receipt_meta, session, start_mcp_sidecar, text
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing.stripe_mcp import FakeStripeMcp
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["sse", "json"])
+def mcp_server(
+    request: pytest.FixtureRequest, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> Iterator[FakeStripeMcp]:
+    with FakeStripeMcp(fakes[0], json_response=request.param == "json") as server:
+        yield server
+
+
+@pytest.fixture
+def sc(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> Iterator[Sidecar]:
+    sidecar = start_mcp_sidecar(tmp_path, fakes[0], fakes[1], mcp_server)
+    yield sidecar
+    sidecar.stop()
+
+
+def test_refund_once_then_duplicate_and_payout_denied(
+    sc: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> None:
+    stripe = fakes[0]
+    pi = stripe.add_payment_intent(amount=5000)["id"]
+
+    async def agent() -> None:
+        async with session(mcp_server.url, sc.proxy_url) as s:
+            tools = {t.name for t in (await s.list_tools()).tools}
+            assert {"create_refund", "create_payout", "list_refunds"} <= tools
+            first = await s.call_tool("create_refund", {"payment_intent": pi, "amount": 500})
+            assert not first.isError, first
+            assert '"object":"refund"' in text(first)
+            again = await s.call_tool("create_refund", {"payment_intent": pi, "amount": 500})
+            assert again.isError
+            assert text(again).startswith("ctrlrun: ")
+            meta = receipt_meta(again)
+            assert meta["outcome"] == "duplicate" and meta["effect_key"] == f"refund:{pi}"
+            assert meta["receipt_id"].startswith("ctr_")
+            payout = await s.call_tool("create_payout", {"amount": 100})
+            assert payout.isError and receipt_meta(payout)["outcome"] == "denied"
+            listed = await s.call_tool("list_refunds", {"payment_intent": pi})
+            assert not listed.isError and pi in text(listed)  # a read passes
+
+    asyncio.run(agent())
+    assert len(stripe.refunds) == 1
+    assert stripe.payouts == []
+    results = [(r["action"], r["result"]) for r in ledger_json(sc) if r["kind"] == "receipt"]
+    assert results == [
+        ("stripe.refund", "committed"),
+        ("stripe.refund", "blocked"),
+        ("stripe.payout", "denied"),
+    ]
