@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from harness import STRIPE_KEY, Sidecar, start_sidecar
 from mcp import ClientSession
-from mcp.client.streamable_http import streamablehttp_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -60,17 +60,10 @@ def start_mcp_sidecar(
 async def session(url: str, proxy: str | None) -> AsyncIterator[ClientSession]:
     """The official client's session, through ``proxy`` (explicit mode) when given."""
 
-    def client(
-        headers: dict[str, str] | None = None,
-        timeout: httpx.Timeout | None = None,
-        auth: httpx.Auth | None = None,
-    ) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            headers=headers, timeout=timeout or 30, auth=auth, proxy=proxy, trust_env=False
-        )
-
+    client = httpx.AsyncClient(headers=HEADERS, timeout=30, proxy=proxy, trust_env=False)
     async with (
-        streamablehttp_client(url, headers=HEADERS, httpx_client_factory=client) as (r, w, _),
+        client,
+        streamable_http_client(url, http_client=client) as (r, w, _),
         ClientSession(r, w) as s,
     ):
         await s.initialize()

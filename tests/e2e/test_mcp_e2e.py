@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import Sidecar
+from mcp.types import CallToolResult
 from mcp_support import ledger_json, receipt_meta, session, start_mcp_sidecar, text
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -68,3 +69,57 @@ def test_refund_once_then_duplicate_and_payout_denied(
         ("stripe.refund", "blocked"),
         ("stripe.payout", "denied"),
     ]
+
+
+def test_lost_reply_is_reconciled_committed_in_the_same_call_and_the_retry_is_a_duplicate(
+    sc: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> None:
+    stripe = fakes[0]
+    pi = stripe.add_payment_intent(amount=5000)["id"]
+    key = f"refund:{pi}"
+    mcp_server.fail_next("commit_then_drop")
+
+    async def agent() -> None:
+        async with session(mcp_server.url, sc.proxy_url) as s:
+            lost = await s.call_tool("create_refund", {"payment_intent": pi, "amount": 700})
+            assert lost.isError
+            meta = receipt_meta(lost)
+            assert (meta["outcome"], meta["reason"]) == (
+                "upstream_ambiguous",
+                "reconciler: committed",
+            )
+            assert "the reconciler found: committed" in text(lost)
+            retry = await s.call_tool("create_refund", {"payment_intent": pi, "amount": 700})
+            assert retry.isError and receipt_meta(retry)["outcome"] == "duplicate"
+
+    asyncio.run(agent())
+    assert len(stripe.refunds) == 1  # committed once, its reply lost, never sent again
+    assert sc.effect_state(key) == "committed"
+    rows = ledger_json(sc)
+    events = [(e["type"], e["data"].get("outcome")) for e in rows if e["kind"] == "event"]
+    assert ("RECONCILIATION_RESOLVED", "committed") in events
+    assert [r["result"] for r in rows if r["kind"] == "receipt"] == ["ambiguous", "blocked"]
+
+
+def test_approval_round_trip_the_identical_call_consumes_it(
+    sc: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> None:
+    stripe = fakes[0]
+    pi = stripe.add_payment_intent(amount=500_000)["id"]
+    call = {"payment_intent": pi, "amount": 200_000}  # over the policy's allow limit
+
+    async def ask(arguments: dict[str, object]) -> CallToolResult:
+        async with session(mcp_server.url, sc.proxy_url) as s:
+            return await s.call_tool("create_refund", arguments)
+
+    asked = asyncio.run(ask(call))
+    meta = receipt_meta(asked)
+    assert asked.isError and meta["outcome"] == "approval_required"
+    request_id = meta["request_id"]
+    assert f"ctrlrun approve {request_id}" in text(asked)
+    assert sc.cli("approve", request_id, "--store-url", sc.store_url).returncode == 0
+    changed = asyncio.run(ask({**call, "amount": 200_001}))
+    assert changed.isError and receipt_meta(changed)["outcome"] == "approval_required"
+    done = asyncio.run(ask(call))
+    assert not done.isError, text(done)
+    assert len(stripe.refunds) == 1
