@@ -13,16 +13,20 @@ from typing import Any
 
 from mitmproxy import connection, http
 
+from . import relay
 from .answers import answer
+from .classify import Transport
 from .config import Upstream
 from .guard import Guard, Handled
 from .mcp_gate import McpGate, internal_error
 from .principal import Principals
+from .refusals import Refusal
 from .route_values import hidden_write
 from .routes import PassThrough, Request
 
 log = logging.getLogger(__name__)
 METADATA = "ctrlrun"  # flow.metadata key of the decision
+RELAY = "ctrlrun.relay"  # flow.metadata key of a stream write mitmproxy relays, until settled
 
 
 class CtrlrunAddon:
@@ -59,6 +63,48 @@ class CtrlrunAddon:
         if flow.response is not None:
             flow.response.stream = True
 
+    async def response(self, flow: http.HTTPFlow) -> None:
+        pending = flow.metadata.get(RELAY)
+        if isinstance(pending, relay.Relayed) and not pending.settled and flow.response:
+            await self._settle(flow, pending, flow.response.status_code, None, None)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        pending = flow.metadata.get(RELAY)
+        if not isinstance(pending, relay.Relayed) or pending.settled:
+            return
+        server = flow.server_conn
+        # Nothing left before the connection (and its TLS, if any) was up.
+        sent = server.timestamp_tcp_setup is not None and (
+            server.tls is False or server.timestamp_tls_setup is not None
+        )
+        transport = Transport.SENT_NO_STATUS if sent else Transport.NOT_SENT
+        message = flow.error.msg if flow.error else "no answer"
+        await self._settle(flow, pending, None, transport, f"proxy relay: {message}"[:300])
+
+    async def _settle(
+        self,
+        flow: http.HTTPFlow,
+        pending: relay.Relayed,
+        status: int | None,
+        transport: Transport | None,
+        error: str | None,
+    ) -> None:
+        try:
+            settled = await relay.settle(pending, status, transport, error)
+        except Exception as exc:  # never let a hook raise: mitmproxy would carry on regardless
+            log.exception("internal error settling %s: refused", pending.action)
+            _refuse_internal(flow, pending.upstream, exc)
+            return
+        decision = flow.metadata[METADATA]
+        if isinstance(settled, Refusal):
+            _apply(
+                flow, pending.upstream, self.guard.refused(pending.upstream, facts(flow), settled)
+            )
+            return
+        outcome, decision["receipt_id"] = settled
+        decision["outcome"] = outcome
+        self.guard.metrics.decisions.labels(pending.action, outcome).inc()
+
     def upstream_for(self, flow: http.HTTPFlow) -> Upstream | None:
         spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
         if spec in self.reverse_specs:
@@ -91,6 +137,9 @@ class CtrlrunAddon:
             if isinstance(result, PassThrough):
                 _record(flow, upstream, {"outcome": "pass_through", "reason": result.reason})
                 return
+            if isinstance(result, relay.Relayed):
+                _relay(flow, result)
+                return  # mitmproxy forwards it; ``response`` or ``error`` settles the record
             _apply(flow, upstream, result)
         except Exception as exc:  # fail closed: mitmproxy would forward on an exception
             log.exception(
@@ -146,6 +195,18 @@ def _apply(flow: http.HTTPFlow, upstream: Upstream, handled: Handled) -> None:
             "receipt_id": handled.receipt_id,
         },
     )
+
+
+def _relay(flow: http.HTTPFlow, pending: relay.Relayed) -> None:
+    """Let mitmproxy forward an admitted stream write, without ctrlrun's or the proxy's headers."""
+    headers = flow.request.headers
+    for name in {k.lower() for k in headers}:
+        if name == "proxy-authorization" or name.startswith("ctrlrun-"):
+            del headers[name]
+    flow.metadata[RELAY] = pending
+    p = pending.prepared
+    decision = {"outcome": "executing", "reason": "relayed", "action": p.action.name}
+    _record(flow, pending.upstream, {**decision, "effect_key": p.effect_key, "receipt_id": None})
 
 
 def _refuse_internal(flow: http.HTTPFlow, upstream: Upstream | None, exc: Exception) -> None:

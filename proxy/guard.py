@@ -30,7 +30,7 @@ from ctrlrun.errors import CTRLRunError
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import replay, settle
+from . import relay, replay, settle
 from .answers import Answer
 from .classify import classify
 from .coalesce import Coalescer
@@ -86,7 +86,7 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-    ) -> Handled | PassThrough:
+    ) -> Handled | PassThrough | relay.Relayed:
         mapped = map_request(upstream, request)
         if isinstance(mapped, PassThrough):
             return mapped
@@ -104,7 +104,7 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-    ) -> Handled:
+    ) -> Handled | relay.Relayed:
         """prepare -> admit -> forward -> settle -> answer; any step may answer early."""
         screened = screen(up, request, mapped, principal)
         if isinstance(screened, Refusal):
@@ -128,6 +128,8 @@ class Guard:
             return self.refused(up, request, admitted)
         if isinstance(admitted, replay.Claimed):
             return await self._replay(ctl, up, request, p, admitted, target, headers)
+        if relay.is_relayed(p):
+            return relay.Relayed(ctl, up, p, admitted)  # mitmproxy relays it; the addon settles
         fallback = functools.partial(self._failed, up, request, p)
         with self.inflight.lead(p.effect_key, p.idempotency_key, p.digest, fallback) as flight:
             handled = await self._attempt(ctl, up, request, p, admitted, target, headers)

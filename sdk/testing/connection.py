@@ -62,6 +62,9 @@ async def serve(
             reset(writer)
         if isinstance(answer, Abort):
             return
+        if answer.upgrade is not None:
+            await conn.switch(answer)
+            return  # the connection is the upgrade's now, and ends with it
         await conn.send(answer, head_only=request.method == "HEAD")
         if not conn.next_cycle():
             return
@@ -126,6 +129,17 @@ class _Connection:
                     await self._writer.drain()
         self._write(h11.EndOfMessage())
         await self._writer.drain()
+
+    async def switch(self, response: Response) -> None:
+        """Answer 101 and hand the connection (and bytes already read) to ``response.upgrade``."""
+        assert response.upgrade is not None
+        head = h11.InformationalResponse(
+            status_code=101, headers=list(response.headers.items()), reason=b"Switching Protocols"
+        )
+        self._write(head)
+        await self._writer.drain()
+        early, _ = self._h11.trailing_data
+        await response.upgrade(self._reader, self._writer, early)
 
     async def refuse(self, status: int, message: str) -> None:
         """Answer bytes that are not a request, when the exchange still allows an answer."""

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+if TYPE_CHECKING:
+    import asyncio
+
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What serves a connection once it switched protocols: its reader, writer and the bytes the
+# peer sent after its request (already read off the socket).
+Upgrade: TypeAlias = Callable[
+    ["asyncio.StreamReader", "asyncio.StreamWriter", bytes], Awaitable[None]
+]
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,14 @@ class Request:
 
 @dataclass
 class Response:
-    """A response: a fixed ``body``, or a chunked ``stream`` of byte strings."""
+    """A response: a fixed ``body``, a chunked ``stream`` of byte strings, or (status 101)
+    an ``upgrade`` that takes the connection over."""
 
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     stream: AsyncIterator[bytes] | None = None
+    upgrade: Upgrade | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:

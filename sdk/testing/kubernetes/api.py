@@ -11,6 +11,7 @@ from typing import TypeAlias
 from ..messages import Request, Response
 from .errors import ApiError
 from .objects import DISCOVERY, SERVER_VERSION, Obj, success, table
+from .pods import Pods
 from .routes import Call, route
 from .state import KubeState
 from .watch import watch_events
@@ -23,8 +24,9 @@ Source: TypeAlias = Callable[[], list[Obj]]
 class KubeApi:
     """Answers apiserver requests from a :class:`KubeState`; ``dispatch`` runs under the lock."""
 
-    def __init__(self, state: KubeState, lock: threading.RLock) -> None:
+    def __init__(self, state: KubeState, lock: threading.RLock, pods: Pods | None = None) -> None:
         self._state = state
+        self.pods = pods or Pods()
         self._lock = lock  # watches read the state later, from the stream
         st = state
         self._handlers: dict[tuple[str, str], Handler] = {
@@ -69,6 +71,13 @@ class KubeApi:
                 st.patch_scale(c.namespace, c.name, c.content_type, c.body, c.dry_run),
             ),
         }
+        self._handlers[("GET", "pod")] = lambda c: (200, self.pods.get(c.namespace, c.name))
+        for kind in ("exec", "attach", "portforward"):
+            for method in ("GET", "POST"):
+                self._handlers[(method, kind)] = partial(self._connect, kind)
+
+    def _connect(self, kind: str, call: Call) -> Reply:
+        return 101, self.pods.connect(kind, call.namespace, call.name, call.request)
 
     def dispatch(self, request: Request) -> Reply:
         """Status and object (a private copy) or stream; ``ApiError`` for a refusal."""

@@ -250,6 +250,10 @@ DISCOVERY: dict[str, Obj] = {
                 shortNames=["ns"],
             ),
             _resource("namespaces/status", "Namespace", False, "get patch update"),
+            _resource("pods", "Pod", True, "get", singular="pod", shortNames=["po"]),
+            _resource("pods/exec", "PodExecOptions", True, "create get"),
+            _resource("pods/attach", "PodAttachOptions", True, "create get"),
+            _resource("pods/portforward", "PodPortForwardOptions", True, "create get"),
         ],
     },
     "/apis/apps/v1": {

@@ -20,6 +20,10 @@ PATHS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("deployments", rf"/apis/apps/v1/namespaces/{_NAME}/deployments"),
         ("deployment", rf"/apis/apps/v1/namespaces/{_NAME}/deployments/{_NAME}"),
         ("scale", rf"/apis/apps/v1/namespaces/{_NAME}/deployments/{_NAME}/scale"),
+        ("pod", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}"),
+        ("exec", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/exec"),
+        ("attach", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/attach"),
+        ("portforward", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/portforward"),
     ]
 )
 

@@ -2,7 +2,8 @@
 
 Enough of the API for ``kubectl scale|get|delete`` and the official Python client: legacy
 discovery, ``/version``, JSON objects or server-side Tables, merge / strategic-merge / JSON
-patches, ``resourceVersion`` preconditions, watches (polled) and ``Status`` errors. Any bearer
+patches, ``resourceVersion`` preconditions, watches (polled), pods that accept ``exec``,
+``attach`` and ``portforward`` upgrades (``pods.py``) and ``Status`` errors. Any bearer
 token is accepted and none is kept.
 """
 
@@ -19,6 +20,7 @@ from ..server import FakeServer
 from .api import KubeApi
 from .errors import ApiError
 from .objects import Obj, status
+from .pods import Session
 from .routes import is_dry_run
 from .state import KubeState
 
@@ -93,6 +95,25 @@ class FakeKubernetes(FakeServer):
             new = copy.deepcopy(old)
             new["spec"]["replicas"] = replicas
             return copy.deepcopy(self._state.update_deployment(old, new, dry_run=False))
+
+    def add_pod(
+        self,
+        namespace: str = "default",
+        name: str = "web-0",
+        *,
+        containers: tuple[str, ...] = ("app",),
+    ) -> Obj:
+        """Seed a running pod (its namespace must exist) that exec, attach and portforward reach."""
+        with self._lock:
+            self._state.namespace(namespace)
+            at, rv = self._state.clock(), self._state.next_rv()
+            return copy.deepcopy(self._api.pods.add(namespace, name, containers, rv, at))
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Every exec, attach and portforward connection the fake accepted, in order."""
+        with self._lock:
+            return list(self._api.pods.sessions)
 
     def namespace(self, name: str) -> Obj:
         """A copy of the namespace; ``KeyError`` when there is none."""
