@@ -34,7 +34,10 @@ _KEY = re.compile(r"([^\[\]]+)((?:\[[^\[\]]*\])*)\Z")
 _PART = re.compile(r"\[([^\[\]]*)\]")
 _DIGITS = re.compile(r"[0-9]+\Z")
 _MAX_DEPTH = 5
-_ALIASES = ("payment_id",)  # names ctrlrun adds; a body that sets them would choose the key
+# Names ctrlrun adds; a body that sets them would choose the key.
+_ALIASES = ("payment_id", "account")
+_ACCOUNT = re.compile(r"acct_[A-Za-z0-9]{1,64}\Z")
+OWN_ACCOUNT = "self"  # ``account`` when no Stripe-Account names a connected one
 # Headers that say who acts, on which account, under which key or API version: sent twice,
 # which one Stripe reads is not ours to guess, and ctrlrun would decide on the other.
 IDENTITY_HEADERS = frozenset(
@@ -54,6 +57,10 @@ def map_stripe(request: Request, segments: list[str]) -> RouteResult:
         for name, value in params.items():
             if arguments.setdefault(name, value) != value:
                 raise BadInput(f"the path says {name}={value!r} but the body says otherwise")
+        for alias in _ALIASES:
+            if alias in arguments:
+                raise BadInput(f"{alias!r} is not a Stripe field; ctrlrun derives it")
+        arguments["account"] = account(request)
         if action == "stripe.refund":
             _add_payment_id(arguments)
         check_arguments(arguments)
@@ -73,10 +80,21 @@ def check_headers(request: Request) -> None:
         raise BadInput("the Idempotency-Key header is empty")
 
 
+def account(request: Request) -> str:
+    """The account the write acts on: the connected account Stripe-Account names, else
+    ``self`` (the API key's own); part of every Stripe action, so of its hash and approvals."""
+    if "stripe-context" in request.headers:
+        # Another way to name the account acted on; ctrlrun decides on Stripe-Account only.
+        raise BadInput("ctrlrun does not read Stripe-Context; name the account in Stripe-Account")
+    value = request.headers.get("stripe-account")
+    if value is None:
+        return OWN_ACCOUNT
+    if not _ACCOUNT.match(value.strip()):
+        raise BadInput(f"Stripe-Account {shown(value, 80)} is not an account id (acct_…)")
+    return value.strip()
+
+
 def _add_payment_id(arguments: dict[str, Any]) -> None:
-    for alias in _ALIASES:
-        if alias in arguments:
-            raise BadInput(f"{alias!r} is not a Stripe field; ctrlrun derives it")
     # A refund names one of them in practice; a customer-balance refund names neither, and
     # then an effect template that needs payment_id is refused where it is resolved.
     for source in ("payment_intent", "charge"):

@@ -9,14 +9,14 @@ schema: ctrlrun.policy/v2
 
 actions:
   stripe.refund:
-    effect: "refund:{payment_id}"     # one refund per payment, ever
+    effect: "refund:{account}:{payment_id}"  # one refund per payment of each account
     rules:
       - when: {amount_lte: 10000}     # up to 100.00 in minor units: allowed
         decision: allow
       - when: {amount_gt: 10000}      # larger refunds need a human: ctrlrun approve apr_...
         decision: approve
   stripe.cancel_payment_intent:
-    effect: "cancel:{payment_intent}"
+    effect: "cancel:{account}:{payment_intent}"
     decision: allow
   k8s.scale:
     effect: "scale:{cluster}:{namespace}:{deployment}:{replicas}"

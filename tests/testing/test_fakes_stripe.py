@@ -133,7 +133,8 @@ def test_basic_auth_with_the_key_works_and_the_key_is_never_kept(fake: FakeStrip
         headers={"Authorization": basic, "Idempotency-Key": "k"},
     )
     assert answer.status_code == 200
-    kept = repr(vars(fake)) + repr(vars(fake._state)) + repr(vars(fake._idempotency))
+    platform = fake._accounts.get(None)
+    kept = repr(vars(fake)) + repr(vars(platform.state)) + repr(vars(platform.idempotency))
     assert KEY not in kept and "Basic" not in kept
 
 

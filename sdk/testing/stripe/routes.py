@@ -38,9 +38,19 @@ def _table(st: StripeState) -> list[tuple[str, str, Operation]]:
         ("POST", r"/v1/charges", lambda p, o: st.create_charge(p, o)),
         ("GET", r"/v1/charges", lambda p, o: st.list_of("charge", p, _CHARGE_FILTERS)),
         ("GET", rf"/v1/charges/{_ID}", lambda p, o, i: st.get("charge", i)),
+        # The legacy refund endpoints: the first answers the charge, the second the refund.
+        ("POST", rf"/v1/charges/{_ID}/refund", lambda p, o, i: st.refund_charge(i, p, o)),
+        ("POST", rf"/v1/charges/{_ID}/refunds", lambda p, o, i: st.create_refund(_on(p, i), o)),
         ("GET", rf"/v1/customers/{_ID}", lambda p, o, i: st.get("customer", i)),
         ("DELETE", rf"/v1/customers/{_ID}", lambda p, o, i: st.delete_customer(i, o)),
     ]
+
+
+def _on(params: Params, charge: str) -> Params:
+    """A refund of the charge the path names (naming another in the body is refused)."""
+    if params.get("charge", charge) != charge or params.get("payment_intent"):
+        raise StripeError(400, "Received unknown parameter: charge", code="parameter_unknown")
+    return {**params, "charge": charge}
 
 
 class Routes:

@@ -2,7 +2,9 @@
 
 Speaks Stripe's wire format (form bodies with bracket keys, JSON answers, ``Request-Id``),
 requires a ``sk_test_`` bearer key (never stored), and honours ``Idempotency-Key`` the way
-Stripe does: a stored result is replayed with ``Idempotent-Replayed: true``.
+Stripe does: a stored result is replayed with ``Idempotent-Replayed: true``; a request refused
+in front of that layer (401, 429, an unknown ``Stripe-Account``) stores nothing. Connected
+accounts (``add_account``) hold their own objects and keys (``accounts.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from urllib.parse import parse_qsl
 
 from ..messages import Request, Response
 from ..server import FakeServer
-from .idempotency import Idempotency, fingerprint, idempotency_key
+from .accounts import PLATFORM, Accounts
+from .idempotency import fingerprint, idempotency_key
 from .objects import API_VERSION
-from .routes import Routes
 from .state import StripeState
 from .wire import StripeError, StripeObject, injected_error, new_id, parse_form
 
@@ -38,9 +40,11 @@ class FakeStripe(FakeServer):
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(host, port, tls=tls, hang_seconds=hang_seconds)
-        self._state = StripeState(clock)
-        self._idempotency = Idempotency(clock)
-        self._routes = Routes(self._state)
+        self._accounts = Accounts(clock)
+
+    @property
+    def _state(self) -> StripeState:
+        return self._accounts.get(PLATFORM).state
 
     # -- seeding and inspection (any thread) -------------------------------------------------
 
@@ -53,13 +57,25 @@ class FakeStripe(FakeServer):
         status: str = "succeeded",
         metadata: Mapping[str, str] | None = None,
         created: int | None = None,
+        account: str | None = None,
     ) -> StripeObject:
-        """Seed a payment intent (with a ``ch_`` charge when succeeded or requires_capture)."""
+        """Seed a payment intent (with a ``ch_`` charge when succeeded or requires_capture),
+        on the platform's account or the connected ``account``."""
         with self._lock:
-            pi = self._state.add_payment_intent(
+            pi = self._accounts.get(account).state.add_payment_intent(
                 id, amount, currency, status, metadata or {}, created
             )
             return copy.deepcopy(pi)
+
+    def add_account(self, id: str | None = None) -> str:
+        """Connect an account that requests may name in ``Stripe-Account``; returns its id."""
+        with self._lock:
+            return self._accounts.add(id)
+
+    def refunds_in(self, account: str | None) -> list[StripeObject]:
+        """Every refund of the connected ``account`` (None: the platform's), oldest first."""
+        with self._lock:
+            return copy.deepcopy(list(self._accounts.get(account).state.refunds.values()))
 
     def add_customer(
         self, id: str | None = None, *, email: str | None = None, name: str | None = None
@@ -95,7 +111,7 @@ class FakeStripe(FakeServer):
 
     @property
     def refunds(self) -> list[StripeObject]:
-        """Every refund, oldest first."""
+        """Every refund of the platform's own account, oldest first."""
         with self._lock:
             return copy.deepcopy(list(self._state.refunds.values()))
 
@@ -155,21 +171,25 @@ class FakeStripe(FakeServer):
         params = parse_form(request.query if request.method == "GET" else _form(request))
         same = fingerprint(request, params)
         with self._lock:
-            replay = self._idempotency.replay(key, same)
+            try:
+                account = self._accounts.of(request)
+            except StripeError as exc:  # refused before the idempotency layer: nothing stored
+                return _error(exc)
+            replay = account.idempotency.replay(key, same)
             if replay is not None:
                 return replay
             origin = {"id": request_id, "idempotency_key": key or None}
             try:
-                obj = self._routes.call(request, params, origin)
+                obj = account.routes.call(request, params, origin)
             except StripeError as exc:
                 response = _error(exc)
                 if exc.stored:
-                    self._idempotency.store(key, same, response)
+                    account.idempotency.store(key, same, response)
             else:
                 response = Response.json(200, obj)
                 if request.is_write:
                     self._applied()
-                self._idempotency.store(key, same, response)
+                account.idempotency.store(key, same, response)
         response.headers["Request-Id"] = request_id
         return response
 
@@ -183,9 +203,13 @@ class FakeStripe(FakeServer):
         # 400/404/408/409/429 here stand for refusals in front of the idempotency layer.
         if key and not replayed and (status >= 500 or status in (402, 424)):
             with self._lock:
-                if applied is not None or not self._idempotency.has(key):
+                try:
+                    idempotency = self._accounts.of(request).idempotency
+                except StripeError:
+                    return response  # no such account: nothing began, nothing stored
+                if applied is not None or not idempotency.has(key):
                     same = fingerprint(request, parse_form(_form(request)))
-                    self._idempotency.store(key, same, response)
+                    idempotency.store(key, same, response)
         return response
 
     def finalize(self, request: Request, response: Response) -> Response:

@@ -135,6 +135,15 @@ class StripeState:
             charge, remaining if amount is None else amount, self.now(), reason, metadata, request
         )
 
+    def refund_charge(
+        self, charge_id: str, params: Params, request: Mapping[str, str | None]
+    ) -> StripeObject:
+        """``POST /v1/charges/{id}/refund``: refund it and answer the charge, as Stripe does."""
+        if params.get("charge") or params.get("payment_intent"):
+            raise StripeError(400, "Received unknown parameter: charge", code="parameter_unknown")
+        self.create_refund({**params, "charge": charge_id}, request)
+        return self.charges[charge_id]
+
     def insert_refund(
         self,
         charge: StripeObject,
