@@ -58,7 +58,9 @@ class KubeApi:
             ),
             ("PATCH", "deployment"): lambda c: (
                 200,
-                st.patch_deployment(c.namespace, c.name, c.content_type, c.body, c.dry_run),
+                st.patch_deployment(
+                    c.namespace, c.name, c.content_type, c.body, c.dry_run, c.field_manager
+                ),
             ),
             ("DELETE", "deployment"): self._delete_deployment,
             ("GET", "scale"): lambda c: (200, st.scale(c.namespace, c.name)),

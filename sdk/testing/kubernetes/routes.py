@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +41,11 @@ class Call:
 
     @property
     def dry_run(self) -> bool:
-        return is_dry_run(self.query)
+        return dry_run_of(self.request)
+
+    @property
+    def field_manager(self) -> str | None:
+        return self.query.get("fieldManager")
 
     @property
     def content_type(self) -> str:
@@ -66,6 +71,19 @@ class Call:
 
 def is_dry_run(query: Mapping[str, str]) -> bool:
     return query.get("dryRun") == "All"
+
+
+def dry_run_of(request: Request) -> bool:
+    """Whether the apiserver would persist nothing: ``dryRun=All`` in the query, or, for a
+    DELETE with a body, ``"dryRun": ["All"]`` in its DeleteOptions (the query is then not
+    read: the body's options win)."""
+    if request.method == "DELETE" and request.body.strip():
+        try:
+            options = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return isinstance(options, dict) and options.get("dryRun") == ["All"]
+    return is_dry_run(dict(request.query))
 
 
 def route(request: Request) -> Call | None:

@@ -21,7 +21,7 @@ from .api import KubeApi
 from .errors import ApiError
 from .objects import Obj, status
 from .pods import Session
-from .routes import is_dry_run
+from .routes import dry_run_of
 from .state import KubeState
 
 _INJECTED = {
@@ -141,7 +141,7 @@ class FakeKubernetes(FakeServer):
             return _status(exc.code, str(exc), exc.details, exc.reason)
         if isinstance(answer, Response):
             return answer
-        if request.is_write and code < 300 and not is_dry_run(dict(request.query)):
+        if request.is_write and code < 300 and not dry_run_of(request):
             self._applied()
         return Response.json(code, answer)
 

@@ -20,7 +20,7 @@ from .objects import (
     scale_of,
     timestamp,
 )
-from .patch import apply_patch
+from .patch import APPLY, apply_patch, media, parse_apply
 from .selectors import selector_matches
 
 STALE = (
@@ -195,6 +195,15 @@ class KubeState:
         if wanted_rv not in (None, "", meta["resourceVersion"]):
             raise conflict(DEPLOYMENTS, meta["name"], STALE)
         spec = new.get("spec")
+        if isinstance(spec, dict) and not (
+            isinstance(spec.get("selector"), dict) and isinstance(spec.get("template"), dict)
+        ):
+            raise ApiError(
+                422,
+                f'Deployment.apps "{meta["name"]}" is invalid: spec.selector, spec.template: '
+                "Required value",
+                details(DEPLOYMENTS, meta["name"]),
+            )
         if not isinstance(spec, dict) or not _valid_replicas(spec.setdefault("replicas", 1)):
             bad = spec.get("replicas") if isinstance(spec, dict) else spec
             raise ApiError(
@@ -216,8 +225,23 @@ class KubeState:
         return new
 
     def patch_deployment(
-        self, namespace: str, name: str, content_type: str, body: bytes, dry_run: bool
+        self,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: bytes,
+        dry_run: bool,
+        field_manager: str | None = None,
     ) -> Obj:
+        applying = media(content_type) == APPLY
+        if applying and not field_manager:
+            raise ApiError(422, "PatchOptions.meta.k8s.io is invalid: fieldManager: Required value")
+        if applying and (namespace, name) not in self.deployments:
+            # Server-side apply is an upsert: the document creates the object.
+            document = parse_apply(body)
+            if not isinstance(document, dict):
+                raise ApiError(400, "the body of the request must be a Deployment object")
+            return self.create_deployment(namespace, document, dry_run)
         old = self.deployment(namespace, name)
         return self.update_deployment(old, apply_patch(old, content_type, body), dry_run=dry_run)
 
@@ -236,7 +260,7 @@ class KubeState:
 
     def update_scale(self, namespace: str, name: str, scale: Any, dry_run: bool) -> Obj:
         old = self.deployment(namespace, name)
-        if not isinstance(scale, dict) or not isinstance(scale.get("spec"), dict):
+        if not isinstance(scale, dict) or not isinstance(scale.get("spec", {}), dict):
             raise ApiError(400, "the body of the request must be a Scale object")
         meta = scale.get("metadata") or {}
         if meta.get("name", name) != name:
@@ -247,7 +271,9 @@ class KubeState:
             )
         new = copy.deepcopy(old)
         new["metadata"]["resourceVersion"] = meta.get("resourceVersion")
-        new["spec"]["replicas"] = scale["spec"].get("replicas")
+        # Go decodes a Scale without spec.replicas (or without spec) as a scale to 0.
+        spec = scale.get("spec")
+        new["spec"]["replicas"] = spec.get("replicas", 0) if isinstance(spec, dict) else 0
         return scale_of(self.update_deployment(old, new, dry_run=dry_run))
 
     def patch_scale(
