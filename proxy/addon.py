@@ -17,6 +17,7 @@ from . import relay
 from .answers import answer
 from .classify import Transport
 from .config import Upstream
+from .credentials import UpstreamTokens
 from .guard import Guard, Handled
 from .mcp_gate import McpGate, internal_error
 from .principal import Principals
@@ -46,6 +47,7 @@ class CtrlrunAddon:
         self.reverse_specs = reverse_specs  # mode spec -> upstream name
         self.auth: dict[str, str] = {}  # client connection id -> Proxy-Authorization
         self.mcp = McpGate(guard)
+        self.tokens = UpstreamTokens(upstreams)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Through HTTPS_PROXY the credential is on the CONNECT, not on the requests inside it.
@@ -120,6 +122,7 @@ class CtrlrunAddon:
             upstream = self.upstream_for(flow)
             if upstream is None:
                 return  # not ours: no metadata, mitmproxy forwards it
+            self.tokens.apply(flow.request.headers, upstream)
             if upstream.mcp is not None:
                 await self._mcp(flow, upstream)
                 return
