@@ -21,6 +21,8 @@ import httpx
 from ctrlrun.errors import CTRLRunError
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
+from . import demo_mcp
+
 POLICY = """\
 schema: ctrlrun.policy/v2
 actions:
@@ -49,7 +51,7 @@ upstreams:
     cluster: demo
     listen: 127.0.0.1:{kube_port}
     timeout: 5
-"""
+{more}"""
 API_KEY = "sk_test_demo"
 
 
@@ -60,11 +62,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def sidecar(workdir: Path, stripe: str, kube: str) -> Iterator[tuple[str, str]]:
-    """Run ``ctrlrun proxy`` in a subprocess; yields the two reverse-listener base URLs."""
+def sidecar(workdir: Path, stripe: str, kube: str, more: str = "") -> Iterator[tuple[str, str]]:
+    """Run ``ctrlrun proxy`` in a subprocess; yields the two reverse-listener base URLs.
+
+    ``more``: further upstreams for the policy (the MCP scene's)."""
     sp, kp = free_port(), free_port()
     policy = workdir / "ctrlrun.yaml"
-    policy.write_text(POLICY.format(stripe=stripe, kube=kube, stripe_port=sp, kube_port=kp))
+    text = POLICY.format(stripe=stripe, kube=kube, stripe_port=sp, kube_port=kp, more=more)
+    policy.write_text(text)
     store = f"sqlite:///{workdir / 'state.db'}"
     log = (workdir / "proxy.log").open("w")
     env = {**_env(), "CTRLRUN_DEMO_STRIPE_KEY": API_KEY}
@@ -132,11 +137,13 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             ok = False
             say(f"   UNEXPECTED: {what}")
 
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
+    mp = free_port()
+    with FakeStripe() as stripe, FakeKubernetes() as kube, demo_mcp.fake(stripe) as mcp:
         pi = stripe.add_payment_intent(amount=50000)["id"]
         kube.add_deployment(namespace="default", name="checkout", replicas=3)
         kube.add_namespace("payments")
-        with sidecar(workdir, stripe.url, kube.url) as (stripe_base, kube_base):
+        more = demo_mcp.upstream(mcp, stripe, mp)
+        with sidecar(workdir, stripe.url, kube.url, more) as (stripe_base, kube_base):
             auth = {"Authorization": f"Bearer {API_KEY}"}
             agent = httpx.Client(timeout=30, trust_env=False)
             say("1. A refund whose reply is lost")
@@ -223,9 +230,9 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             )
             say(f"   agent re-sends the approved request -> HTTP {r.status_code}: refunded")
             check(outcome(changed) == "approval_invalid" and r.status_code == 200, "approval")
-            writes = stripe.writes_applied
-            say(f"   Stripe applied {writes} write(s) in all")
             agent.close()
+            demo_mcp.scene(f"http://127.0.0.1:{mp}", mcp, stripe, API_KEY, say, check)
+            say(f"   Stripe applied {stripe.writes_applied} write(s) in all")
     say("")
     say(f"Read the receipts: ctrlrun receipts --store-url sqlite:///{workdir / 'state.db'}")
     return 0 if ok else 1

@@ -30,6 +30,9 @@ def test_demo_exits_zero_and_names_each_outcome(tmp_path: Path) -> None:
         "approval_required",
         "approval_invalid: mismatch",
         "re-sends the approved request -> HTTP 200",
+        "5. An agent's refund through Stripe's MCP server",
+        "connection dropped -> upstream_ambiguous: reconciler: committed",
+        "agent calls it again -> duplicate",
         "Read the receipts: ctrlrun receipts --store-url sqlite:///",
     ]:
         assert expected in out, expected

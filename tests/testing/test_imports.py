@@ -41,6 +41,7 @@ def test_the_production_proxy_does_not_import_the_fakes() -> None:
     loaded = modules_after(code)
     assert "ctrlrun.proxy.addon" in loaded  # the walk did import the proxy
     assert not any(m.startswith("ctrlrun.testing") for m in loaded)
+    assert "mcp" not in top(loaded)  # MCP upstreams are guarded without the mcp SDK
 
 
 def test_importing_the_proxy_package_leaves_the_fakes_out() -> None:

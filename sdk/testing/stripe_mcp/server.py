@@ -68,6 +68,8 @@ class FakeStripeMcp:
         self.mcp = FastMCP(
             "stripe",
             json_response=json_response,
+            # FastMCP configures the root logger when a process has none (a demo): quietly.
+            log_level="WARNING",
             streamable_http_path="/",
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
