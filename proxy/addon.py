@@ -62,7 +62,9 @@ class CtrlrunAddon:
         # Only what mitmproxy forwards itself gets here (ctrlrun's own answers are set in
         # ``request``): reads of upstreams and everything else. They are relayed as they
         # arrive, never held whole: a watch only ends when the server ends it.
-        if flow.response is not None:
+        # A relayed stream write's answer (a 101, or a short refusal) is held instead, so that
+        # ``response`` records it before any of it reaches the agent.
+        if flow.response is not None and RELAY not in flow.metadata:
             flow.response.stream = True
 
     async def response(self, flow: http.HTTPFlow) -> None:

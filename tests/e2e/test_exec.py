@@ -218,3 +218,30 @@ def test_websocket_port_forward_is_relayed(allowing: tuple[Sidecar, FakeKubernet
         [8080],
         "committed",
     )
+
+
+def test_an_exec_the_remote_never_got_is_recorded_failed(
+    allowing: tuple[Sidecar, FakeKubernetes],
+) -> None:
+    sc, kube = allowing
+    kube.stop()  # connection refused: nothing can have run
+    target = f"{kube.url}{EXEC}?command=ls"
+    with raw_upgrade(sc.proxy_url, target, "websocket", "GET") as sock:
+        head = read_head(sock)
+    assert head.startswith(b"HTTP/1.1 502"), head
+    [receipt] = receipts(sc)
+    assert (receipt["action"], receipt["result"]) == ("k8s.exec", "failed")
+    assert "proxy relay" in receipt["error"]
+
+
+def test_an_exec_the_remote_refused_is_recorded_failed(
+    allowing: tuple[Sidecar, FakeKubernetes],
+) -> None:
+    sc, kube = allowing
+    target = f"{kube.url}/api/v1/namespaces/default/pods/gone/exec?command=ls"
+    with raw_upgrade(sc.proxy_url, target, "websocket", "GET") as sock:
+        head = read_head(sock)
+    assert head.startswith(b"HTTP/1.1 404"), head  # the remote's own answer
+    assert kube.sessions == []
+    [receipt] = receipts(sc)
+    assert (receipt["result"], receipt["error"]) == ("failed", "HTTP 404")

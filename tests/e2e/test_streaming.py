@@ -5,6 +5,7 @@ when the namespace is gone, not when the watch times out."""
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -99,3 +100,70 @@ def test_kubectl_delete_namespace_returns_when_the_namespace_is_gone(tmp_path: P
             assert sidecar.effect_state("delete-ns:prod-eu:doomed") == "committed"
         finally:
             sidecar.stop()
+
+
+class Trickle:
+    """A loopback server that answers one GET in two parts and sends the second only once the
+    client says it has the first: a proxy that buffers the body never lets the client say it."""
+
+    def __init__(self, framing: str) -> None:
+        self.framing = (
+            framing  # "chunked" or "close" (no length: the body ends with the connection)
+        )
+        self.have_first = threading.Event()
+        self.released_by_client: bool | None = None
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(30)
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.settimeout(30)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            chunked = self.framing == "chunked"
+            framing = b"Transfer-Encoding: chunked\r\n" if chunked else b"Connection: close\r\n"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n" + framing + b"\r\n")
+            conn.sendall(b"6\r\nfirst\n\r\n" if chunked else b"first\n")
+            self.released_by_client = self.have_first.wait(10)
+            conn.sendall(b"7\r\nsecond\n\r\n0\r\n\r\n" if chunked else b"second\n")
+        self.sock.close()
+
+
+def fetch_in_parts(proxy: str, trickle: Trickle) -> bytes:
+    """GET the trickle through the explicit proxy; say when the first part arrived."""
+    host, port = proxy.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        target = f"http://127.0.0.1:{trickle.port}/download"
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{trickle.port}\r\n\r\n".encode())
+        got = b""
+        while b"second" not in got:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+            if b"first" in got:
+                trickle.have_first.set()
+        return got
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_body_is_relayed_as_it_arrives(tmp_path: Path, framing: str, guarded: bool) -> None:
+    trickle = Trickle(framing)
+    policy = POLICY
+    if guarded:  # a read of an upstream, or traffic to a host that is no upstream
+        policy += f"  trickle:\n    profile: http\n    url: http://127.0.0.1:{trickle.port}\n"
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            got = fetch_in_parts(sidecar.proxy_url, trickle)
+        finally:
+            sidecar.stop()
+    trickle.thread.join(15)
+    assert b"first" in got and b"second" in got
+    assert trickle.released_by_client is True  # the first part reached the client on its own
