@@ -42,6 +42,7 @@ from .mcp_tools import map_call
 from .prepare import CREDENTIAL_HEADERS, Prepared
 from .refusals import Refusal, refusal_for
 from .route_values import BadInput, Request
+from .stripe_routes import account, check_headers
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class CallGuard:
         principal: Principal,
     ) -> Prepared | Refusal:
         try:
-            mapped = map_call(tool, call.arguments)
+            mapped = map_call(tool, call.arguments, derived(up, request))
             action = build_action(
                 ctl.policy, mapped.action, mapped.arguments, principal, ctl.environment
             )
@@ -248,6 +249,15 @@ class _Send:
         return await self.guard.forwarder.send(
             self.up, "POST", self.target, self.headers, self.body
         )
+
+
+def derived(up: Upstream, request: Request) -> dict[str, Any]:
+    """Arguments the request's headers give: a stripe-mcp call acts on the account its
+    Stripe-Account names (``self`` without one), as a REST write does."""
+    if up.profile != "stripe-mcp":
+        return {}
+    check_headers(request)
+    return {"account": account(request)}
 
 
 def _error_line(reply: Forwarded, response: Any) -> str:

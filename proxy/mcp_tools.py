@@ -14,8 +14,13 @@ from .mcp_config import McpTool
 from .route_values import BadInput, Mapped, check_arguments, shown
 
 
-def map_call(tool: McpTool, arguments: Mapping[str, Any]) -> Mapped:
-    """The action and arguments of a call of the write ``tool``; raise ``BadInput`` if unsure."""
+def map_call(
+    tool: McpTool, arguments: Mapping[str, Any], derived: Mapping[str, Any] | None = None
+) -> Mapped:
+    """The action and arguments of a call of the write ``tool``; raise ``BadInput`` if unsure.
+
+    ``derived``: arguments ctrlrun reads from the request itself (stripe-mcp's ``account``,
+    from Stripe-Account), which the call may not give."""
     assert tool.action is not None
     if tool.arguments is None:
         out = dict(arguments)
@@ -34,6 +39,10 @@ def map_call(tool: McpTool, arguments: Mapping[str, Any]) -> Mapped:
         value = next((arguments[s] for s in sources if isinstance(arguments.get(s), str)), None)
         if value:
             out[alias] = value
+    for name, value in (derived or {}).items():
+        if name in arguments:
+            raise BadInput(f"{name!r} is not an argument of {tool.name}; ctrlrun derives it")
+        out[name] = value
     for name, value in out.items():
         money = name == "amount" or name.endswith("_amount")
         if money and (type(value) is not int or value < 0):

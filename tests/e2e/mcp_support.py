@@ -23,7 +23,7 @@ POLICY = """\
 schema: ctrlrun.policy/v2
 actions:
   stripe.refund:
-    effect: "refund:{{{{payment_id}}}}"
+    effect: "refund:{{{{account}}}}:{{{{payment_id}}}}"
     rules:
       - when: {{{{amount_lte: 100000}}}}
         decision: allow

@@ -130,6 +130,9 @@ def test_the_get_stream_is_streamed(sc: Sidecar, mcp_server: FakeStripeMcp) -> N
     assert "balance retrieved" in "".join(lines)
 
 
+REFUND_X = json.dumps(call(1, "create_refund", payment_intent="pi_x")).encode()
+
+
 @pytest.mark.parametrize(
     ("body", "headers"),
     [
@@ -141,6 +144,14 @@ def test_the_get_stream_is_streamed(sc: Sidecar, mcp_server: FakeStripeMcp) -> N
             {"X-HTTP-Method-Override": "GET"},
         ),
         (json.dumps(call(1, "delete_everything")).encode(), {}),
+        (
+            json.dumps(call(1, "create_refund", payment_intent="pi_x")).encode(),
+            {"Stripe-Account": "nope"},
+        ),
+        (
+            json.dumps(call(1, "create_refund", payment_intent="pi_x")).encode(),
+            {"Stripe-Context": "acct_1"},
+        ),
     ],
 )
 def test_what_ctrlrun_cannot_allow_reaches_nothing(

@@ -42,6 +42,13 @@ def test_refused_refund_arguments(arguments: dict[str, Any]) -> None:
         map_call(REFUND, arguments)
 
 
+def test_derived_arguments_cannot_be_given() -> None:
+    mapped = map_call(REFUND, {"payment_intent": "pi_1"}, {"account": "acct_1"})
+    assert mapped.arguments["account"] == "acct_1"
+    with pytest.raises(BadInput, match="derives"):
+        map_call(REFUND, {"payment_intent": "pi_1", "account": "self"}, {"account": "acct_1"})
+
+
 def test_renamed_and_picked_arguments_refuse_any_other() -> None:
     tool = McpTool("send", "billing.send", (("invoice_id", "id"),))
     assert map_call(tool, {"id": "in_1"}).arguments == {"invoice_id": "in_1"}

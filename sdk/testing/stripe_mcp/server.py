@@ -184,6 +184,7 @@ class FakeStripeMcp:
             {
                 "authorization": headers.get("authorization", ""),
                 "content-type": "application/x-www-form-urlencoded",
+                **{k: v for k, v in headers.items() if k.lower() == "stripe-account"},
             },
             b"" if method == "GET" else form,
         )
