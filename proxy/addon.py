@@ -22,7 +22,7 @@ from .guard import Guard, Handled
 from .mcp_gate import McpGate, internal_error
 from .principal import Principals
 from .refusals import Refusal
-from .route_values import hidden_write
+from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, WRITE_HEADER_BYTES
 from .routes import PassThrough, Request
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,7 @@ class CtrlrunAddon:
             if upstream.mcp is not None:
                 await self._mcp(flow, upstream)
                 return
-            req = flow.request
-            if hidden_write(req.method, req.headers, req.query) is None:
+            if _is_read(flow.request):
                 _record(flow, upstream, {"outcome": "pass_through", "reason": "read"})
                 return  # reads always pass through, whatever the ledger's health
             result = await self.guard.handle(
@@ -170,6 +169,20 @@ class CtrlrunAddon:
     def _auth(self, flow: http.HTTPFlow) -> str | None:
         header = flow.request.headers.get("proxy-authorization")
         return header or self.auth.get(flow.client_conn.id)
+
+
+def _is_read(req: http.Request) -> bool:
+    """``hidden_write(...) is None`` on mitmproxy's raw request: its case-insensitive lookups
+    and query parsing would cost reads (the hot path) more than the rest of the proxy."""
+    if req.data.method not in READ_METHOD_BYTES:
+        return False
+    for name, _ in req.headers.fields:
+        if name.lower() in WRITE_HEADER_BYTES:
+            return False
+    path = req.data.path
+    if b"%" in path or OVERRIDE_PARAMETER.encode() in path:  # "%5Fmethod" is "_method" too
+        return OVERRIDE_PARAMETER not in req.query
+    return True
 
 
 def facts(flow: http.HTTPFlow) -> Request:

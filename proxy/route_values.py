@@ -20,6 +20,9 @@ WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # carrying one may be a DELETE to the remote, so it is never a read.
 OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
 OVERRIDE_PARAMETER = "_method"
+# The same rule in bytes, for the addon's check of a raw request (reads are its hot path).
+READ_METHOD_BYTES = frozenset(m.encode() for m in READ_METHODS)
+WRITE_HEADER_BYTES = frozenset(n.encode() for n in ("upgrade", *OVERRIDE_HEADERS))
 
 # Unicode category Cc is exactly C0, DEL and C1: what can split a header or a log line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -200,3 +200,35 @@ def test_other_methods_on_stream_paths_are_unmapped(method: str) -> None:
 def test_other_upgrades_to_kubernetes_are_refused(path: str) -> None:
     result = map_request(KUBE, req("GET", path, WEBSOCKET, {"command": ["sh"]}))
     assert isinstance(result, Invalid)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        (b"GET", b"/v1/charges?limit=3", [(b"Accept", b"*/*")]),
+        (b"HEAD", b"/", []),
+        (b"OPTIONS", b"/x", []),
+        (b"get", b"/", []),
+        (b"DELETE", b"/", []),
+        (b"GET", b"/exec", [(b"UPGRADE", b"websocket")]),
+        (b"GET", b"/", [(b"X-Http-Method-Override", b"DELETE")]),
+        (b"GET", b"/", [(b"x-http-method", b"DELETE")]),
+        (b"GET", b"/", [(b"X-Method-Override", b"PUT")]),
+        (b"GET", b"/v1?_method=DELETE", []),
+        (b"GET", b"/v1?%5Fmethod=DELETE", []),
+        (b"GET", b"/v1?a=%20b", []),
+        (b"GET", b"/v1/my_method_thing", []),
+    ],
+)
+def test_the_addons_fast_read_check_is_hidden_write(
+    method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    from mitmproxy import http
+    from mitmproxy.test import tutils
+
+    from ctrlrun.proxy.addon import _is_read
+
+    flow_request = tutils.treq(method=method, path=path, headers=http.Headers(headers))
+    names = {k.decode().lower(): v.decode() for k, v in headers}
+    query = {k: flow_request.query.get_all(k) for k in flow_request.query}
+    assert _is_read(flow_request) is (hidden_write(method.decode(), names, query) is None)
