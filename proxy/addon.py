@@ -8,17 +8,23 @@ here is caught and refused: the protected path fails closed.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from mitmproxy import connection, http
+from mitmproxy.net.http.url import parse_authority
+
+from ctrlrun.action import Principal
 
 from . import relay
 from .answers import answer
 from .classify import Transport
 from .config import Upstream
 from .credentials import UpstreamTokens
-from .guard import Guard, Handled
+from .gate import Asked, Gate, Passage
+from .guard import Guard
+from .handled import Handled
 from .mcp_gate import McpGate, internal_error
 from .principal import Principals
 from .refusals import Refusal
@@ -31,32 +37,57 @@ RELAY = "ctrlrun.relay"  # flow.metadata key of a stream write mitmproxy relays,
 
 
 class CtrlrunAddon:
-    """Routes flows to the guard; everything that is not a configured upstream passes by."""
+    """Routes flows to the guard; everything that is not a configured upstream passes by.
+
+    Which upstream a flow is for is the gate's answer (where it really goes), never the
+    spelling of its host. ``Proxy-Authorization`` is taken off every request before anything
+    else sees it: it names the agent to ctrlrun and never reaches a remote.
+    """
 
     def __init__(
         self,
         guard: Guard,
+        gate: Gate,
         upstreams: Sequence[Upstream],
         principals: Principals,
         reverse_specs: dict[str, str],
     ) -> None:
-        self.guard = guard
+        self.guard, self.gate = guard, gate
         self.principals = principals
-        self.by_address = {(u.scheme, u.host.lower(), u.port): u for u in upstreams}
         self.by_name = {u.name: u for u in upstreams}
         self.reverse_specs = reverse_specs  # mode spec -> upstream name
         self.auth: dict[str, str] = {}  # client connection id -> Proxy-Authorization
         self.mcp = McpGate(guard)
         self.tokens = UpstreamTokens(upstreams)
+        self.flow_auth: weakref.WeakKeyDictionary[http.HTTPFlow, str] = weakref.WeakKeyDictionary()
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
         # Through HTTPS_PROXY the credential is on the CONNECT, not on the requests inside it.
         value = flow.request.headers.get("proxy-authorization")
         if value:
             self.auth[flow.client_conn.id] = value
+        req = flow.request
+        try:
+            asked = Asked("CONNECT", req.host, req.port, principal=self._principal(flow))
+            passage = await self.gate.passage(asked)
+        except Exception as exc:  # fail closed: an unchecked tunnel could reach an upstream
+            log.exception("internal error on CONNECT %s:%s: refused", req.host, req.port)
+            _refuse_internal(flow, None, exc)
+            return
+        if passage.refusal is not None:
+            _refuse(flow, passage, "http")
+        elif passage.upstream is not None:
+            # Known by the upstream's own name from here on: the tunnel is intercepted, and
+            # its requests are that upstream's whatever the CONNECT spelt.
+            req.data.host = passage.upstream.host
+        elif passage.dial is not None:
+            req.data.host = passage.dial
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.auth.pop(client.id, None)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self._take_auth(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # Only what mitmproxy forwards itself gets here (ctrlrun's own answers are set in
@@ -109,21 +140,15 @@ class CtrlrunAddon:
         decision["outcome"] = outcome
         self.guard.metrics.decisions.labels(pending.action, outcome).inc()
 
-    def upstream_for(self, flow: http.HTTPFlow) -> Upstream | None:
-        spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
-        if spec in self.reverse_specs:
-            return self.by_name[self.reverse_specs[spec]]
-        req = flow.request
-        return self.by_address.get((req.scheme, req.host.lower(), req.port))
-
     async def request(self, flow: http.HTTPFlow) -> None:
+        self._take_auth(flow)
         if flow.response or flow.error or not flow.live:
             return  # answered or ended by someone else (another addon, a replay, a kill)
         upstream = None
         try:
-            upstream = self.upstream_for(flow)
-            if upstream is None:
-                return  # not ours: no metadata, mitmproxy forwards it
+            upstream = await self._upstream(flow)
+            if upstream is None or flow.response is not None:
+                return  # not ours (mitmproxy forwards it), or refused by the gate
             self.tokens.apply(flow.request.headers, upstream)
             if upstream.mcp is not None:
                 await self._mcp(flow, upstream)
@@ -136,7 +161,7 @@ class CtrlrunAddon:
                 facts(flow),
                 target=flow.request.path,
                 headers=list(flow.request.headers.items(multi=True)),
-                principal=self.principals.resolve(self._auth(flow)),
+                principal=self._principal(flow),
             )
             if isinstance(result, PassThrough):
                 _record(flow, upstream, {"outcome": "pass_through", "reason": result.reason})
@@ -158,7 +183,7 @@ class CtrlrunAddon:
             facts(flow),
             target=flow.request.path,
             headers=list(flow.request.headers.items(multi=True)),
-            principal=self.principals.resolve(self._auth(flow)),
+            principal=self._principal(flow),
         )
         if isinstance(got, PassThrough):
             _record(flow, upstream, {"outcome": "pass_through", "reason": got.reason, "mcp": True})
@@ -166,9 +191,63 @@ class CtrlrunAddon:
         flow.response = to_response(got.status, got.headers, got.body)
         _record(flow, upstream, {"outcome": "tool_calls", "calls": list(got.decisions)})
 
-    def _auth(self, flow: http.HTTPFlow) -> str | None:
-        header = flow.request.headers.get("proxy-authorization")
-        return header or self.auth.get(flow.client_conn.id)
+    async def _upstream(self, flow: http.HTTPFlow) -> Upstream | None:
+        """The upstream the flow really goes to; refuses the flow when the gate says so."""
+        spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
+        if spec in self.reverse_specs:
+            return self.by_name[self.reverse_specs[spec]]
+        req = flow.request
+        names = [_host_of(req.host_header), flow.client_conn.sni]
+        asked = Asked(
+            req.method.upper(),
+            req.host,
+            req.port,
+            req.path,
+            [n for n in names if n],
+            self._principal(flow),
+        )
+        passage = await self.gate.passage(asked)
+        if passage.refusal is not None:
+            profile = passage.upstream.profile if passage.upstream else "http"
+            _refuse(flow, passage, profile)
+        elif passage.upstream is not None:
+            req.data.host = passage.upstream.host  # a read goes where the upstream is
+        elif passage.dial is not None:
+            req.data.host = passage.dial  # pinned: the address just checked, not a new lookup
+        return passage.upstream
+
+    def _take_auth(self, flow: http.HTTPFlow) -> None:
+        values = flow.request.headers.get_all("proxy-authorization")
+        if values:
+            del flow.request.headers["proxy-authorization"]
+            self.flow_auth[flow] = values[0]
+
+    def _principal(self, flow: http.HTTPFlow) -> Principal | None:
+        header = self.flow_auth.get(flow) or self.auth.get(flow.client_conn.id)
+        return self.principals.resolve(header)
+
+
+def _host_of(authority: str | None) -> str | None:
+    if not authority:
+        return None
+    try:
+        return parse_authority(authority, check=False)[0]
+    except ValueError:
+        return authority
+
+
+def _refuse(flow: http.HTTPFlow, passage: Passage, profile: str) -> None:
+    refusal = passage.refusal
+    assert refusal is not None
+    a = refusal.answer(profile)
+    flow.response = to_response(a.status, a.headers, a.body)
+    name = passage.upstream.name if passage.upstream else None
+    flow.metadata[METADATA] = {
+        "upstream": name,
+        "outcome": refusal.outcome,
+        "reason": refusal.reason,
+        "receipt_id": refusal.receipt_id,
+    }
 
 
 def _is_read(req: http.Request) -> bool:

@@ -1,4 +1,4 @@
-"""The proxy's configuration: the ``upstreams:`` and ``agents:`` sections, as frozen values.
+"""The proxy's configuration: ``upstreams:``, ``agents:`` and ``egress:``, as frozen values.
 
 They sit in the policy file beside ``actions:``; ``config_parse`` parses and validates them
 (closed key sets, errors naming file, line and key) when it loads that file for the proxy.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .egress import Egress
 from .mcp_config import McpSettings
 
 Profile = Literal["stripe", "kubernetes", "http", "mcp", "stripe-mcp"]
@@ -70,3 +71,4 @@ class ProxyConfig:
 
     upstreams: tuple[Upstream, ...] = ()
     agents: tuple[AgentCredential, ...] = field(default=())
+    egress: Egress = field(default_factory=Egress)

@@ -42,6 +42,7 @@ from .config import (
     RouteReconcile,
     Upstream,
 )
+from .egress import Egress, parse_egress
 from .mcp_config import MCP_PROFILES, STRIPE_API, McpSettings, parse_mcp
 from .route_values import WRITE_METHODS
 
@@ -328,8 +329,11 @@ def _agents_section(value: Any, where: Where, _: SectionContext) -> tuple[AgentC
 
 UPSTREAMS: Section[tuple[Upstream, ...]] = Section("upstreams", _upstreams_section, empty=())
 AGENTS: Section[tuple[AgentCredential, ...]] = Section("agents", _agents_section, empty=())
+EGRESS: Section[Egress] = Section(
+    "egress", lambda value, where, _: parse_egress(value, where), empty=Egress()
+)
 # Every section the proxy owns, in the order their errors are reported.
-SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS)
+SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS, EGRESS)
 
 
 def load_policy(path: str | os.PathLike[str] | None = None) -> Policy:
@@ -345,4 +349,8 @@ def policy_from_yaml(text: str, *, source: str = "<string>") -> Policy:
 
 def proxy_config(policy: Policy) -> ProxyConfig:
     """The proxy's configuration in ``policy``, which must have been loaded with SECTIONS."""
-    return ProxyConfig(upstreams=policy.section(UPSTREAMS), agents=policy.section(AGENTS))
+    return ProxyConfig(
+        upstreams=policy.section(UPSTREAMS),
+        agents=policy.section(AGENTS),
+        egress=policy.section(EGRESS),
+    )

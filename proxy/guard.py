@@ -18,24 +18,22 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from ctrlrun import ledger
-from ctrlrun.action import Action, Principal
+from ctrlrun.action import Principal
 from ctrlrun.attempt import Attempt
 from ctrlrun.control import Control, Outcome
-from ctrlrun.errors import CTRLRunError
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import relay, replay, settle
-from .answers import Answer
+from . import receipted, relay, replay, settle, unmapped
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
 from .forward import Forwarded, Forwarder, forward_headers
+from .handled import Handled
 from .ledger_health import LedgerHealth
 from .metrics import Metrics
 from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
@@ -43,18 +41,6 @@ from .refusals import Refusal, refusal_for
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Handled:
-    """The response to a protected request, and the decision behind it."""
-
-    response: Answer | Forwarded
-    outcome: str  # ctrlrun's answer (X-Ctrlrun-Outcome), or the record's when the remote answered
-    reason: str | None = None
-    action: str | None = None
-    effect_key: str | None = None
-    receipt_id: str | None = None
 
 
 class Guard:
@@ -108,14 +94,14 @@ class Guard:
         """prepare -> admit -> forward -> settle -> answer; any step may answer early."""
         screened = screen(up, request, mapped, principal)
         if isinstance(screened, Refusal):
-            return self.refused(up, request, screened)
+            return await self._receipted(up, request, mapped, screened, principal)
         ctl = self.control()
         route, who = screened.route, screened.principal
         if isinstance(route, Unmapped):
-            return await self._unmapped(ctl, up, request, target, headers, who)
+            return await unmapped.forward(self, ctl, up, request, target, headers, who)
         prepared = prepare(up, request, route, who, ctl.policy, ctl.environment)
         if isinstance(prepared, Refusal):
-            return self.refused(up, request, prepared)
+            return await self._receipted(up, request, route, prepared, who)
         if isinstance(prepared, Unresolvable):
             return await self._unresolvable(ctl, up, request, prepared)
         p = prepared
@@ -147,6 +133,34 @@ class Guard:
             return self.refused(up, request, refusal)
         refusal = refusal_for(bad.error, action=bad.action.name, receipt_id=receipt.receipt_id)
         return self.refused(up, request, refusal)
+
+    async def _receipted(
+        self,
+        up: Upstream,
+        request: Request,
+        mapped: Mapped | Unmapped | Invalid,
+        refusal: Refusal,
+        principal: Principal | None,
+    ) -> Handled:
+        """Refuse a request the policy never saw, with a receipt saying what and why."""
+        try:
+            ctl = self.control()
+        except Exception as exc:  # refused all the same; the missing receipt is said loudly
+            log.error("receipt of refused %s not written: %s", request.method, type(exc).__name__)
+            return self.refused(up, request, refusal)
+        if isinstance(mapped, Mapped):
+            name = mapped.action
+        else:
+            name = f"{up.name}.{'unmapped_write' if isinstance(mapped, Unmapped) else 'invalid'}"
+        action = receipted.refusal_action(
+            name,
+            method=request.method,
+            upstream=up.name,
+            path=request.path,
+            principal=principal,
+            environment=ctl.environment,
+        )
+        return self.refused(up, request, await receipted.write(ctl, refusal, action))
 
     def _failed(self, up: Upstream, request: Request, p: Prepared, exc: BaseException) -> Handled:
         return self.refused(up, request, settle.failed_forwarding(p, exc))
@@ -343,43 +357,6 @@ class Guard:
             return self.refused(up, request, replay.inconclusive(p, reply, claimed.effect_key))
         outcome = "committed" if found == "committed" else "failed"
         return Handled(reply, outcome, replay.TRIGGER, p.action.name, claimed.effect_key)
-
-    async def _unmapped(
-        self,
-        ctl: Control,
-        up: Upstream,
-        request: Request,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        principal: Principal,
-    ) -> Handled:
-        """Forward a write no route maps (``unmapped_writes: allow``) and write its receipt."""
-        reply = await self.forwarder.send(
-            up, request.method, target, forward_headers(headers), request.body
-        )
-        outcome = classify(up.profile, "", status=reply.status, transport=reply.transport)
-        action = Action(
-            f"{up.name}.unmapped_write",
-            {"method": request.method, "path": request.path},
-            principal,
-            None,
-            ctl.environment,
-        )
-        reason = "unmapped_writes: allow"
-        receipt_id = None
-        try:
-            receipt = await asyncio.to_thread(
-                ctl.record_unprotected, action, outcome, reason=reason, error=reply.error
-            )
-            receipt_id = receipt.receipt_id
-        except CTRLRunError as exc:
-            # It has been forwarded (the policy allows unmapped writes): the agent gets the
-            # remote's answer, and the missing receipt is said loudly.
-            self.metrics.store_errors.inc()
-            log.error(
-                "receipt of unmapped %s %s not written: %s", request.method, request.path, exc
-            )
-        return Handled(reply, outcome, reason, action.name, None, receipt_id)
 
     @staticmethod
     def _classify(up: Upstream, action: str, reply: Forwarded) -> Outcome:

@@ -36,11 +36,11 @@ class Principals:
             self.tokens[agent.name] = token.encode("utf-8")
 
     def resolve(self, proxy_authorization: str | None) -> Principal | None:
-        if self.tokens and proxy_authorization:
-            who = self._check(proxy_authorization)
-            if who is not None:
-                return Principal(who)
-            return None  # a credential was offered and it is wrong: nobody
+        if self.tokens:
+            # Listed tokens are the only way in: no credential, or a wrong one, is nobody,
+            # even when --principal is also set (a client cannot step around its token).
+            who = self._check(proxy_authorization) if proxy_authorization else None
+            return Principal(who) if who is not None else None
         return self.fixed
 
     def _check(self, header: str) -> str | None:

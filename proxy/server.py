@@ -23,15 +23,17 @@ from ctrlrun.errors import CTRLRunError, PolicyError
 from ctrlrun.reconcilers.sweep import sweep
 from ctrlrun.store import StateStore
 
-from . import registry
+from . import registry, tunnels
 from .addon import CtrlrunAddon
 from .admin import Admin
 from .config import Upstream
 from .config_parse import load_policy, proxy_config
 from .forward import Forwarder
+from .gate import Gate
 from .guard import Guard
 from .metrics import Metrics
 from .principal import Principals
+from .recognize import Recognizer
 
 if TYPE_CHECKING:
     from mitmproxy.tools.dump import DumpMaster
@@ -74,6 +76,7 @@ class Sidecar:
         self.store: StateStore = open_default_store(settings.store_url, self.policy_file)
         self.control = Control(self.policy, self.store)
         self.upstreams: Sequence[Upstream] = self.config.upstreams
+        self.egress = self.config.egress
         self.principals = Principals(settings.principal, self.config.agents)
         self.reconcilers = registry.build(self.upstreams)
 
@@ -84,9 +87,11 @@ class Sidecar:
         except CTRLRunError as exc:
             log.error("policy reload refused, the old policy stays in force: %s", exc)
             return False
-        if proxy_config(policy) != self.config:
+        config = proxy_config(policy)
+        if (config.upstreams, config.agents) != (self.config.upstreams, self.config.agents):
             log.warning("upstreams/agents changed: they take effect at the next restart")
         self.policy = policy
+        self.egress = config.egress  # egress rules take effect now
         self.control = Control(policy, self.store)
         log.info("policy reloaded from %s (%s)", self.policy_file, policy.policy_hash)
         return True
@@ -178,7 +183,9 @@ async def run(
     stopping = stopping or asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_quiet_cancellations)
-    master, confdir, reverse = _master(sidecar)
+    recognizer = Recognizer(sidecar.upstreams)
+    await recognizer.refresh()  # the upstreams' addresses, before the first connection
+    master, confdir, reverse = _master(sidecar, recognizer)
     forwarder = Forwarder(sidecar.upstreams)
     metrics = Metrics()
     guard = Guard(
@@ -191,7 +198,8 @@ async def run(
     admin = None
     if sidecar.settings.admin:
         admin = await Admin(lambda: sidecar.store, metrics).start(*sidecar.settings.admin)
-    addon = CtrlrunAddon(guard, sidecar.upstreams, sidecar.principals, reverse)
+    gate = Gate(recognizer, lambda: sidecar.control, lambda: sidecar.egress)
+    addon = CtrlrunAddon(guard, gate, sidecar.upstreams, sidecar.principals, reverse)
     master.addons.add(addon, _Announce(sidecar, master, confdir, admin, announce))
     if signals:
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
@@ -214,7 +222,7 @@ async def run(
     return 0
 
 
-def _master(sidecar: Sidecar) -> tuple[DumpMaster, Path, dict[str, str]]:
+def _master(sidecar: Sidecar, recognizer: Recognizer) -> tuple[DumpMaster, Path, dict[str, str]]:
     """mitmproxy's master with ctrlrun's listeners (inside the running loop, as it needs)."""
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
@@ -225,13 +233,9 @@ def _master(sidecar: Sidecar) -> tuple[DumpMaster, Path, dict[str, str]]:
     opts = options.Options(confdir=str(confdir))
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     # Addon options exist only once the default addons are loaded.
-    opts.update(
-        mode=modes,
-        connection_strategy="lazy",
-        # Intercept only upstream hosts; every other TLS connection is tunnelled untouched.
-        # (Reverse listeners are subject to this list too, so it names every upstream.)
-        allow_hosts=[f"^{_re_host(u.host)}:{u.port}$" for u in sidecar.upstreams] or ["^$"],
-    )
+    opts.update(mode=modes, connection_strategy="lazy")
+    # Intercept what reaches or names an upstream, by address; tunnel the rest untouched.
+    tunnels.install(master, recognizer)
     bundle = _trust_bundle(confdir, sidecar.upstreams)
     if bundle:
         opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
@@ -333,9 +337,3 @@ def _listener_name(spec: str) -> str | None:
 
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _re_host(host: str) -> str:
-    import re
-
-    return re.escape(host)

@@ -277,8 +277,15 @@ class Control:
 
     def refuse_effect_key(self, action: Action, exc: EffectKeyError) -> Receipt:
         """Record an action whose effect key cannot be resolved: denied, nothing reserved."""
+        return self.record_refusal(action, "effect_key_error", str(exc))
+
+    def record_refusal(
+        self, action: Action, reason: str, error: str | None = None, *, result: str = "denied"
+    ) -> Receipt:
+        """Record a request refused before the policy could decide it: denied, nothing held
+        (``result="observed"``: observe mode let it through)."""
         now = self.clock()
-        attempt = Attempt(action, None, 0, "deny", "effect_key_error", self.policy.policy_hash, now)
+        attempt = Attempt(action, None, 0, "deny", reason, self.policy.policy_hash, now)
         with self.store.transaction() as conn:
             ledger.append_event(
                 conn,
@@ -287,29 +294,31 @@ class Control:
                 action_id=action.action_id,
                 data={"action_hash": action.hash},
             )
+            denied = {"reason": reason} if error is None else {"reason": reason, "error": error}
+            ledger.append_event(
+                conn, now, EventType.ACTION_DENIED, action_id=action.action_id, data=denied
+            )
+            return attempt_receipt(conn, attempt, result, None, now, error=error)
+
+    def propose_unprotected(self, action: Action, *, reason: str) -> None:
+        """Record a write about to be forwarded without protection (``unmapped_writes:
+        allow``), before it leaves: a ledger that cannot take this refuses the write."""
+        with self.store.transaction() as conn:
             ledger.append_event(
                 conn,
-                now,
-                EventType.ACTION_DENIED,
+                self.clock(),
+                EventType.ACTION_PROPOSED,
                 action_id=action.action_id,
-                data={"reason": "effect_key_error", "error": str(exc)},
+                data={"action_hash": action.hash, "unprotected": True, "reason": reason},
             )
-            return attempt_receipt(conn, attempt, "denied", None, now, error=str(exc))
 
     def record_unprotected(
         self, action: Action, outcome: str, *, reason: str, error: str | None = None
     ) -> Receipt:
-        """A receipt for a write forwarded without protection (``unmapped_writes: allow``)."""
+        """The receipt of a write forwarded without protection, once its answer is known."""
         now = self.clock()
         attempt = Attempt(action, None, 0, "allow", reason, self.policy.policy_hash, now)
         with self.store.transaction() as conn:
-            ledger.append_event(
-                conn,
-                now,
-                EventType.ACTION_PROPOSED,
-                action_id=action.action_id,
-                data={"action_hash": action.hash, "unprotected": True},
-            )
             return attempt_receipt(conn, attempt, outcome, None, now, error=error)
 
     def wait_for_approval(

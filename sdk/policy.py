@@ -65,6 +65,7 @@ TOP_KEYS = {
     "mode": SCHEMA_V2,
     "upstreams": SCHEMA_V2,  # the proxy's
     "agents": SCHEMA_V2,  # the proxy's
+    "egress": SCHEMA_V2,  # the proxy's
 }
 # Sections the kernel reads from every policy, whoever loads it.
 KERNEL_SECTIONS: tuple[Section[Any], ...] = ()

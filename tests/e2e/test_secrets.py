@@ -61,7 +61,9 @@ def used(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeStripe, FakeKubernetes]]
 
 def drive_stripe(sc: Sidecar, fake: FakeStripe) -> None:
     """Every Stripe path that handles the API key: forwarded, refused, reconciled."""
-    client = stripe_client(sc.stripe_base)
+    # With agents: listed, only a valid token names the agent, even beside --principal.
+    host = sc.proxy_url.removeprefix("http://")
+    client = stripe_client(fake.url, proxy=f"http://{AGENT}:{PROXY_TOKEN}@{host}")
     pi = fake.add_payment_intent(amount=500_000)["id"]
     refund(client, pi, 1000)
     assert outcome(refused(lambda: refund(client, pi, 1000))) == "duplicate"
@@ -85,7 +87,10 @@ def drive_stripe(sc: Sidecar, fake: FakeStripe) -> None:
     assert sc.cli("approve", request_id, "--store-url", sc.store_url).returncode == 0
     refund(client, big, 200_000, headers={"Ctrlrun-Approval": request_id})
 
-    auth = {"Authorization": f"Bearer {STRIPE_KEY}"}
+    auth = {
+        "Authorization": f"Bearer {STRIPE_KEY}",
+        "Proxy-Authorization": f"Basic {basic(AGENT, PROXY_TOKEN)}",
+    }
     with httpx.Client(base_url=sc.stripe_base, timeout=CLIENT_TIMEOUT, trust_env=False) as http:
         floaty = http.post(
             "/v1/refunds", data={"payment_intent": pi, "amount": "1.5"}, headers=auth
@@ -116,7 +121,11 @@ def drive_proxy_tokens(sc: Sidecar, fake: FakeStripe) -> None:
 
 
 def drive_kubernetes(sc: Sidecar, kube: FakeKubernetes) -> None:
-    headers = {"Authorization": f"Bearer {KUBE_TOKEN}", **MERGE_PATCH}
+    headers = {
+        "Authorization": f"Bearer {KUBE_TOKEN}",
+        "Proxy-Authorization": f"Basic {basic(AGENT, PROXY_TOKEN)}",
+        **MERGE_PATCH,
+    }
     with httpx.Client(base_url=sc.kube_base, timeout=CLIENT_TIMEOUT, trust_env=False) as http:
         assert http.patch(SCALE, json={"spec": {"replicas": 5}}, headers=headers).status_code == 200
         kube.fail_next("commit_then_drop")  # the reconciler reads back with the request's token

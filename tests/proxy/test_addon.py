@@ -24,8 +24,10 @@ from ctrlrun.proxy.addon import METADATA, CtrlrunAddon
 from ctrlrun.proxy.config import AgentCredential, Upstream
 from ctrlrun.proxy.config_parse import policy_from_yaml, proxy_config
 from ctrlrun.proxy.forward import Forwarded, Forwarder
+from ctrlrun.proxy.gate import Gate
 from ctrlrun.proxy.guard import Guard
 from ctrlrun.proxy.principal import Principals
+from ctrlrun.proxy.recognize import Recognizer
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.testing import FakeKubernetes
 
@@ -59,7 +61,11 @@ class Rig:
         self.make_control: Callable[[], Control] = lambda: self.control
         self.guard = Guard(lambda: self.make_control(), self.forwarder, {"cluster": None})
         self.reverse = f"reverse:{kube.url}@127.0.0.1:8101"
-        self.addon = CtrlrunAddon(self.guard, self.upstreams, principals, {self.reverse: "cluster"})
+        config = proxy_config(self.policy)
+        gate = Gate(Recognizer(self.upstreams), lambda: self.make_control(), lambda: config.egress)
+        self.addon = CtrlrunAddon(
+            self.guard, gate, self.upstreams, principals, {self.reverse: "cluster"}
+        )
 
     @property
     def upstreams(self) -> Sequence[Upstream]:
@@ -84,7 +90,9 @@ class Rig:
             headers=http.Headers(((b"content-type", b"application/merge-patch+json"), *headers)),
             content=content,
         )
-        return tflow.tflow(req=request, **kwargs)
+        flow = tflow.tflow(req=request, **kwargs)
+        flow.client_conn.sni = None  # tflow's "address" would name another server
+        return flow
 
     def cycle(self, flow: http.HTTPFlow) -> http.HTTPFlow:
         """One flow through the addon's hooks, as mitmproxy would run them."""
@@ -206,7 +214,7 @@ def test_a_flow_already_answered_or_ended_is_left_alone(rig: Rig, ended: str) ->
 
 
 def test_a_flow_to_no_upstream_is_not_touched(rig: Rig) -> None:
-    flow = rig.cycle(rig.flow(host="elsewhere.test"))
+    flow = rig.cycle(rig.flow(host="192.0.2.1"))  # a literal: nothing to resolve
     assert flow.response is None and METADATA not in flow.metadata
     assert rig.state() is None
 
@@ -311,7 +319,7 @@ def test_the_connect_credential_names_the_principal_until_the_client_leaves(
         connect = rig.flow(
             "CONNECT", "", headers=((b"proxy-authorization", f"Basic {credential}".encode()),)
         )
-        rig.addon.http_connect(connect)
+        asyncio.run(rig.addon.http_connect(connect))
         inside = rig.flow()
         inside.client_conn = connect.client_conn  # a request inside that tunnel
 

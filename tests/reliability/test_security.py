@@ -173,6 +173,7 @@ def test_no_credential_lands_anywhere(
     }
     kube_headers = {
         "Authorization": f"Bearer {KUBE_SECRET}",
+        "Proxy-Authorization": f"Basic {basic(AGENT, PROXY_TOKEN)}",
         "Content-Type": "application/merge-patch+json",
     }
     with (

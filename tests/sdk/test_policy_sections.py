@@ -68,7 +68,7 @@ def test_a_kernel_section_is_read_by_every_load(
 @pytest.mark.parametrize(
     ("sections", "fragment"),
     [
-        ((Section("egress", _team, ""),), "not a top-level key"),  # not in the file format
+        ((Section("telemetry", _team, ""),), "not a top-level key"),  # not in the file format
         ((Section("actions", _team, ""),), "not a top-level key"),  # the loader's own
         ((NOTIFY, Section("notify", _team, "")), "twice"),
     ],
@@ -81,5 +81,5 @@ def test_programming_errors_are_loud(
 
 
 def test_a_section_in_the_file_that_nobody_names_is_still_an_unknown_key() -> None:
-    with pytest.raises(PolicyError, match=r"^<string>:5: egress: unknown key"):
-        Policy.from_yaml(V2 + ALLOW + "egress: {default: deny}\n")
+    with pytest.raises(PolicyError, match=r"^<string>:5: telemetry: unknown key"):
+        Policy.from_yaml(V2 + ALLOW + "telemetry: {default: deny}\n")

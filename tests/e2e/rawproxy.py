@@ -1,0 +1,159 @@
+"""Requests through the sidecar written byte by byte, so every spelling of a host reaches it
+as the agent wrote it (HTTP clients normalise hosts), and a recording upstream that keeps
+every request's headers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def outcome(self) -> str | None:
+        return self.headers.get("x-ctrlrun-outcome")
+
+
+def _read_head(sock: socket.socket | ssl.SSLSocket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before the head ended: {data[:200]!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, rest
+
+
+def _read_reply(sock: socket.socket | ssl.SSLSocket) -> Reply:
+    status, headers, body = _read_head(sock)
+    length = int(headers.get("content-length", "-1"))
+    while length < 0 or len(body) < length:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionError, ssl.SSLError):
+            break
+        if not chunk:
+            break
+        body += chunk
+    return Reply(status, headers, body)
+
+
+def request_bytes(
+    method: str,
+    target: str,
+    host_header: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}", "Connection: close"]
+    for name, value in (headers or {}).items():
+        lines.append(f"{name}: {value}")
+    if body or method not in ("GET", "HEAD"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def plain(proxy_port: int, method: str, url: str, host_header: str, **kw: Any) -> Reply:
+    """An absolute-form request to the proxy (plain HTTP through ``HTTP_PROXY``)."""
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=TIMEOUT) as sock:
+        sock.sendall(request_bytes(method, url, host_header, **kw))
+        return _read_reply(sock)
+
+
+def connect(
+    proxy_port: int,
+    authority: str,
+    method: str,
+    path: str,
+    host_header: str,
+    *,
+    tls: ssl.SSLContext | None = None,
+    sni: str | None = None,
+    connect_headers: dict[str, str] | None = None,
+    **kw: Any,
+) -> Reply:
+    """CONNECT ``authority``, then one request inside the tunnel (TLS when ``tls``)."""
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=TIMEOUT) as raw:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (connect_headers or {}).items())
+        raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode())
+        status, headers, _ = _read_head(raw)
+        if status != 200:
+            return Reply(status, headers, b"")
+        sock: socket.socket | ssl.SSLSocket = raw
+        if tls is not None:
+            sock = tls.wrap_socket(raw, server_hostname=sni)
+        try:
+            sock.sendall(request_bytes(method, path, host_header, **kw))
+            return _read_reply(sock)
+        except (ConnectionError, ssl.SSLError, TimeoutError) as exc:
+            return Reply(0, {"error": type(exc).__name__}, b"")
+
+
+def client_tls(ca_file: str) -> ssl.SSLContext:
+    """A client context trusting the proxy's CA, naming no host (SNI chosen per test)."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.check_hostname = False  # the point is to send odd SNIs; the CA is still verified
+    return ctx
+
+
+@dataclass
+class Recorder:
+    """A plain-HTTP upstream on loopback that answers 200 and keeps every request's headers."""
+
+    seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                if length:
+                    self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                recorder.seen.append((self.command, self.path, headers))
+                body = json.dumps({"ok": True}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def __enter__(self) -> Recorder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
