@@ -56,8 +56,21 @@ class Admin:
             except Exception as exc:
                 log.warning("not ready: %s", exc)
                 return "503 Service Unavailable", "text/plain", b"ledger unreachable\n"
-            return "200 OK", "text/plain", b"ready\n"
+            return "200 OK", "text/plain", _ready(self.store())
         if path == "/metrics":
             body = await asyncio.to_thread(self.metrics.render, self.store())
             return "200 OK", PROMETHEUS_TYPE, body
         return "404 Not Found", "text/plain", b"try /healthz, /readyz or /metrics\n"
+
+
+def _ready(store: StateStore) -> bytes:
+    """``ready``, and a line when this host's clock is past its bound from the ledger's.
+
+    A skewed clock leaves the sidecar ready: no decision reads this host's clock when the
+    ledger has its own (``ctrlrun.clocks``); the line and the metric tell the operator.
+    """
+    skew = store.skew
+    if skew is None or not skew.beyond:
+        return b"ready\n"
+    line = f"ready\nclock: {skew.describe()} (bound {skew.bound:.1f} s)\n"
+    return line.encode("ascii")

@@ -118,6 +118,17 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
 
 
+def _cli(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """An operator's ``ctrlrun`` command on the demo's ledger."""
+    store = f"sqlite:///{workdir / 'state.db'}"
+    return subprocess.run(
+        [sys.executable, "-m", "ctrlrun.cli", *args, "--store-url", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def outcome(response: httpx.Response) -> str:
     return str(
         response.headers.get("x-ctrlrun-outcome", f"HTTP {response.status_code} from the remote")
@@ -173,15 +184,20 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')
             say(
                 f"   agent scales checkout to 6: connection reset -> {outcome(r)}: "
-                f"{r.json()['ctrlrun']['reason']}"
+                f"{r.json()['ctrlrun']['reason']} (the write may still land: its settle window)"
             )
             r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')
-            say(
-                f"   agent retries -> HTTP {r.status_code}: permitted, "
-                "the cluster had not applied it"
-            )
+            say(f"   agent retries -> {outcome(r)} (HTTP {r.status_code}): refused, nobody knows")
+            check(outcome(r) == "ambiguous", "scale retry inside the settle window")
             replicas = kube.replicas("default", "checkout")
-            say(f"   the cluster runs checkout at {replicas} replicas")
+            resolved = _cli(workdir, "resolve", "scale:demo:checkout:6", "--failed")
+            said = resolved.stdout.splitlines()[0] if resolved.stdout else resolved.stderr.strip()
+            say(f"   operator sees {replicas} replicas and runs 'ctrlrun resolve --failed': {said}")
+            r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')
+            replicas = kube.replicas("default", "checkout")
+            say(
+                f"   agent retries -> HTTP {r.status_code}: the cluster runs checkout at {replicas}"
+            )
             check(r.status_code == 200 and replicas == 6, "scale retry")
 
             say("3. A namespace delete the policy denies")
@@ -198,20 +214,7 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             r = agent.post(f"{stripe_base}/v1/refunds", headers=auth, data=body)
             request_id = r.json()["ctrlrun"].get("request_id", "")
             say(f"   agent asks for 250.00 -> {outcome(r)}: a human must approve {request_id}")
-            approved = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "ctrlrun.cli",
-                    "approve",
-                    request_id,
-                    "--store-url",
-                    f"sqlite:///{workdir / 'state.db'}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            approved = _cli(workdir, "approve", request_id)
             said = approved.stdout.splitlines()[0] if approved.stdout else approved.stderr.strip()
             say(f"   operator runs 'ctrlrun approve {request_id}': {said}")
             changed = agent.post(

@@ -243,7 +243,7 @@ class Guard:
                 row = ledger.get_effect_row(conn, effect_key)
             if row is None:
                 return "unknown"
-            return reconciler(facts_for(row, creds))
+            return reconciler(facts_for(row, creds, clock=ctl.clock))
 
         return hook
 

@@ -17,7 +17,6 @@ from datetime import timedelta
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ctrlrun import checks, ledger
-from ctrlrun.action import utc_now
 from ctrlrun.states import EffectState
 from ctrlrun.store import StateStore
 
@@ -72,6 +71,11 @@ class Metrics:
             "Effects ambiguous for more than an hour",
             registry=self.registry,
         )
+        self.clock_skew = Gauge(
+            "ctrlrun_clock_skew_seconds",
+            "This host's clock minus the ledger's, when last measured (0: the same clock)",
+            registry=self.registry,
+        )
         self.effects_ttl = effects_ttl
         self.clock = clock
         self._read_at: float | None = None
@@ -90,10 +94,12 @@ class Metrics:
                 return
             self._read_at = now  # a failed read is not retried before the TTL either
             try:
+                skew = store.skew  # measured when the ledger's clock is read: no round trip
+                self.clock_skew.set(0.0 if skew is None else skew.seconds)
                 with store.reading() as conn:
                     counts = ledger.count_effects(conn)
                     # One range count on the (state, updated_at) index, not a read of every effect.
-                    stale = checks.count_ambiguous_before(conn, utc_now() - STALE)
+                    stale = checks.count_ambiguous_before(conn, store.clock() - STALE)
             except Exception:
                 # The gauges keep their last values; the error counter says the read failed.
                 self.store_errors.inc()

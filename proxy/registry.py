@@ -38,7 +38,9 @@ def stripe_target(up: Upstream) -> StripeTarget:
 
 
 def kubernetes_target(up: Upstream) -> KubernetesTarget:
-    return KubernetesTarget(up.url, token_file=up.token_file, ca_file=up.ca_file)
+    return KubernetesTarget(
+        up.url, token_file=up.token_file, ca_file=up.ca_file, timeout=up.timeout
+    )
 
 
 def declarative_target(up: Upstream) -> DeclarativeTarget:
@@ -47,4 +49,4 @@ def declarative_target(up: Upstream) -> DeclarativeTarget:
         for route in up.routes
         if (r := route.reconcile) is not None
     )
-    return DeclarativeTarget(up.url, checks, ca_file=up.ca_file)
+    return DeclarativeTarget(up.url, checks, ca_file=up.ca_file, timeout=up.timeout)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ctrlrun.config import open_default_store, policy_path
+from ctrlrun.config import policy_path
 from ctrlrun.control import Control
 from ctrlrun.errors import CTRLRunError, PolicyError
 from ctrlrun.reconcilers.sweep import sweep
-from ctrlrun.store import StateStore
+from ctrlrun.store import StateStore, open_default_store
 
 from . import registry, tunnels
 from .addon import CtrlrunAddon

@@ -32,7 +32,17 @@ from ctrlrun.reconcile import ReconcileOutcome
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
+from .http import (
+    DEFAULT_DEADLINE,
+    DEFAULT_TIMEOUT,
+    SETTLE_MARGIN,
+    Miss,
+    Reader,
+    Remote,
+    Verdict,
+    bearer,
+    dig,
+)
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
@@ -55,6 +65,7 @@ class DeclarativeTarget:
     base_url: str
     checks: tuple[tuple[str, Check], ...]  # (action name, its check); the first that fits
     ca_file: str | None = None
+    timeout: float = 30.0  # the deadline the writes are forwarded under (the settle window)
 
 
 class DeclarativeReconciler(Remote):
@@ -69,10 +80,19 @@ class DeclarativeReconciler(Remote):
         timeout: float = DEFAULT_TIMEOUT,
         deadline: float = DEFAULT_DEADLINE,
         transport: httpx.BaseTransport | None = None,
+        write_timeout: float = 0.0,
+        settle_margin: float = 0.0,
     ) -> None:
-        """``routes``: (action name, its reconcile spec); the first that fits is asked."""
+        """``routes``: (action name, its reconcile spec); the first that fits is asked.
+        ``not_executed`` waits out the settle window (``http.settled_at``)."""
         super().__init__(
-            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+            base_url,
+            ca_file=ca_file,
+            timeout=timeout,
+            deadline=deadline,
+            transport=transport,
+            write_timeout=write_timeout,
+            settle_margin=settle_margin,
         )
         self._routes: list[tuple[str, Template, Check]] = []
         for action, spec in routes:
@@ -86,10 +106,16 @@ class DeclarativeReconciler(Remote):
 
     @classmethod
     def for_target(cls, target: DeclarativeTarget) -> DeclarativeReconciler:
-        return cls(target.base_url, target.checks, ca_file=target.ca_file)
+        return cls(
+            target.base_url,
+            target.checks,
+            ca_file=target.ca_file,
+            write_timeout=target.timeout,
+            settle_margin=SETTLE_MARGIN,
+        )
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
-        verdict = self._verdict(facts)
+        verdict = self.settle(self._verdict(facts), facts)
         log.info("reconcile %s %s: %s (%s)", facts.action, facts.effect_key, *verdict)
         return verdict[0]
 

@@ -14,18 +14,23 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import httpx
 
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.reconcile import EffectFacts, ReconcileOutcome
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
 DEFAULT_TIMEOUT = 5.0  # seconds, per request
 DEFAULT_DEADLINE = 30.0  # seconds, for all the requests of one reconciliation
+# How long a remote may go on applying a write after its sender gave up on it (Stripe, and an
+# apiserver's own request timeout, are about a minute): the margin of every settle window.
+SETTLE_MARGIN = 60.0
 
 Params = Sequence[tuple[str, str | int]]
 Verdict = tuple[ReconcileOutcome, str]  # the answer and why, for the log line
@@ -54,8 +59,14 @@ class Reader:
         deadline: float = DEFAULT_DEADLINE,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")
+        # With ``wall`` (the ledger's clock), each answer's ``Date`` measures the remote's
+        # clock against it: ``skew`` is the worst difference seen, None while unknown.
+        self._wall = wall
+        self.skew: float | None = None
+        self._dated = True
         self._headers = {"Accept": "application/json", **(headers or {})}
         self._timeout = timeout
         self._clock = clock
@@ -89,6 +100,7 @@ class Reader:
         left = self._ends - self._clock()
         if self._client is None or left <= 0:
             return Miss.UNKNOWN
+        sent = self._wall() if self._wall is not None else None
         try:
             response = self._client.get(
                 self._base + path,
@@ -99,6 +111,8 @@ class Reader:
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError) as exc:
             log.info("reconciler GET %s: %s", path, type(exc).__name__)
             return Miss.UNKNOWN
+        if sent is not None and self._wall is not None:
+            self._measure(sent, self._wall(), response.headers.get("date"))
         if response.status_code == 404:
             return Miss.NOT_FOUND
         if not 200 <= response.status_code < 300:
@@ -110,6 +124,28 @@ class Reader:
             log.info("reconciler GET %s: the answer is not JSON", path)
             return Miss.UNKNOWN
         return body if isinstance(body, dict) else Miss.UNKNOWN
+
+    def _measure(self, sent: datetime, received: datetime, date: str | None) -> None:
+        """Widen ``skew`` by one answer: its ``Date`` (whole seconds) was stamped between
+        ``sent`` and ``received`` on our clock. An answer with no usable Date: unknown."""
+        remote = _http_date(date)
+        if remote is None or not self._dated:
+            self._dated, self.skew = False, None
+            return
+        early = (sent - remote - timedelta(seconds=1)).total_seconds()
+        late = (received - remote).total_seconds()
+        worst = max(abs(early), abs(late))
+        self.skew = worst if self.skew is None else max(self.skew, worst)
+
+
+def _http_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def bearer(credentials: Mapping[str, str], fallback: str | None) -> dict[str, str]:
@@ -144,11 +180,50 @@ class Remote:
         timeout: float = DEFAULT_TIMEOUT,
         deadline: float = DEFAULT_DEADLINE,
         transport: httpx.BaseTransport | None = None,
+        write_timeout: float = 0.0,
+        settle_margin: float = 0.0,
     ) -> None:
         if timeout <= 0 or deadline <= 0:
             raise InvalidArgument("timeout and deadline must be positive")
+        if write_timeout < 0 or settle_margin < 0:
+            raise InvalidArgument("write_timeout and settle_margin must not be negative")
         self.base_url = base_url.rstrip("/")
         self.ca_file = ca_file
         self.timeout = timeout
         self.deadline = deadline
         self._transport = transport
+        self.write_timeout = write_timeout  # the deadline the write was forwarded under
+        self.settle_margin = settle_margin
+
+    def settle(self, verdict: Verdict, facts: EffectFacts) -> Verdict:
+        """No ``not_executed`` while the attempt could still be applied (``settled_at``)."""
+        if verdict[0] != "not_executed":
+            return verdict
+        until = settled_at(facts, self.write_timeout, self.settle_margin)
+        now = facts.clock()
+        if now >= until:
+            return verdict
+        wait = (until - now).total_seconds()
+        return (
+            "unknown",
+            f"{verdict[1]}, but the write may still be applied for {wait:.0f} s more "
+            "(its settle window)",
+        )
+
+
+def settled_at(facts: EffectFacts, write_timeout: float, margin: float) -> datetime:
+    """When "nothing there" starts to prove the attempt did nothing, on the ledger's clock.
+
+    A write forwarded under a deadline (the proxy's) may have left until its start plus that
+    deadline; one with no deadline (an SDK function, ``write_timeout=0``) until it was recorded
+    ambiguous (it gave up, or its lease ran out). The remote may go on applying it for
+    ``margin`` after that.
+    """
+    last = _aware(facts.attempt_started_at) + timedelta(seconds=write_timeout)
+    if write_timeout <= 0 and facts.ended_at is not None:
+        last = max(last, _aware(facts.ended_at))
+    return last + timedelta(seconds=margin)
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)

@@ -28,7 +28,17 @@ import httpx
 from ctrlrun.reconcile import ReconcileOutcome
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Reader, Remote, Verdict, bearer, dig
+from .http import (
+    DEFAULT_DEADLINE,
+    DEFAULT_TIMEOUT,
+    SETTLE_MARGIN,
+    Miss,
+    Reader,
+    Remote,
+    Verdict,
+    bearer,
+    dig,
+)
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
@@ -40,6 +50,7 @@ class KubernetesTarget:
     base_url: str
     token_file: str | None = None  # read at each call: a rotated token is picked up
     ca_file: str | None = None
+    timeout: float = 30.0  # the deadline the writes are forwarded under (the settle window)
 
 
 class KubernetesReconciler(Remote):
@@ -55,9 +66,17 @@ class KubernetesReconciler(Remote):
         timeout: float = DEFAULT_TIMEOUT,
         deadline: float = DEFAULT_DEADLINE,
         transport: httpx.BaseTransport | None = None,
+        write_timeout: float = 0.0,
+        settle_margin: float = 0.0,
     ) -> None:
         super().__init__(
-            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+            base_url,
+            ca_file=ca_file,
+            timeout=timeout,
+            deadline=deadline,
+            transport=transport,
+            write_timeout=write_timeout,
+            settle_margin=settle_margin,
         )
         self.token_file = token_file
         self._token = token
@@ -67,7 +86,13 @@ class KubernetesReconciler(Remote):
 
     @classmethod
     def for_target(cls, target: KubernetesTarget) -> KubernetesReconciler:
-        return cls(target.base_url, token_file=target.token_file, ca_file=target.ca_file)
+        return cls(
+            target.base_url,
+            token_file=target.token_file,
+            ca_file=target.ca_file,
+            write_timeout=target.timeout,
+            settle_margin=SETTLE_MARGIN,
+        )
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         return self.answer(
@@ -75,6 +100,7 @@ class KubernetesReconciler(Remote):
             facts.arguments,
             credentials=facts.credentials,
             effect_key=facts.effect_key,
+            facts=facts,
         )
 
     def answer(
@@ -84,8 +110,10 @@ class KubernetesReconciler(Remote):
         *,
         credentials: Mapping[str, str] | None = None,
         effect_key: str = "",
+        facts: EffectFacts | None = None,
     ) -> ReconcileOutcome:
-        """Ask about one write, described by its action name and arguments."""
+        """Ask about one write, described by its action name and arguments (with ``facts``,
+        the attempt's, its settle window applies: a write still in flight is not absent)."""
         ask: dict[str, Callable[[Reader, Mapping[str, Any]], Verdict]] = {
             "k8s.scale": _scale,
             "k8s.delete_namespace": _delete_namespace,
@@ -103,6 +131,8 @@ class KubernetesReconciler(Remote):
                 transport=self._transport,
             ) as reader:
                 verdict = how(reader, arguments)
+        if facts is not None:
+            verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
         return verdict[0]
 

@@ -13,7 +13,10 @@ stripe.payout                  committed: a ``payout.created`` event carries the
 =============================  ============================================================
 
 Everything else, and everything unproven (unreachable, 5xx, two refunds of the same amount,
-a list longer than the page bound), is ``unknown``.
+a list longer than the page bound), is ``unknown``. So is every answer judged on a time
+(``created``) while Stripe's clock is not known to be within ``MAX_SKEW`` of the ledger's: each
+answer's ``Date`` measures it. And no answer is ``not_executed`` inside the attempt's settle
+window (``http.settled_at``): Stripe may still be working on a write whose sender gave up.
 """
 
 from __future__ import annotations
@@ -29,22 +32,32 @@ from urllib.parse import quote
 
 import httpx
 
+from ctrlrun.clocks import utc_now
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import ReconcileOutcome
 
 from .base import EffectFacts
-from .http import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, Miss, Params, Reader, Remote, Verdict, bearer
+from .http import (
+    DEFAULT_DEADLINE,
+    DEFAULT_TIMEOUT,
+    SETTLE_MARGIN,
+    Miss,
+    Params,
+    Reader,
+    Remote,
+    Verdict,
+    bearer,
+)
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
 STRIPE_API = "https://api.stripe.com"
-SKEW_SECONDS = 5  # Stripe's ``created`` is whole seconds, and clocks differ
+SKEW_SECONDS = 5  # the look-back: Stripe's ``created`` is whole seconds, and clocks differ
+# Stripe's clock may be this far from the ledger's (measured by the answers' ``Date``, whole
+# seconds) for a time-based answer to stand; past it, or unmeasured, the answer is unknown.
+MAX_SKEW = 3.0
 MAX_PAGES = 50  # of 100 objects each
-# Stripe keeps working on a request whose connection we cut: "nothing there" proves nothing
-# until the attempt is this old. (A refund that was still running when the proxy asked, read as
-# not_executed, would license a second refund.)
-SETTLE_SECONDS = 60
 _CHARGE_PREFIXES = ("ch_", "py_")
 
 Page = tuple[list[dict[str, Any]], bool]  # the objects read, and whether the list is complete
@@ -75,16 +88,22 @@ class StripeReconciler(Remote):
         timeout: float = DEFAULT_TIMEOUT,
         deadline: float = DEFAULT_DEADLINE,
         max_pages: int = MAX_PAGES,
-        settle_after: float = 0.0,
+        write_timeout: float = 0.0,
+        settle_margin: float = 0.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if max_pages < 1:
             raise InvalidArgument("max_pages must be at least 1")
         super().__init__(
-            base_url, ca_file=ca_file, timeout=timeout, deadline=deadline, transport=transport
+            base_url,
+            ca_file=ca_file,
+            timeout=timeout,
+            deadline=deadline,
+            transport=transport,
+            write_timeout=write_timeout,
+            settle_margin=settle_margin,
         )
         self.max_pages = max_pages
-        self.settle_after = settle_after
         self._api_key = api_key
         self._api_key_env = api_key_env  # read when asked, so the key is not kept here
 
@@ -97,7 +116,8 @@ class StripeReconciler(Remote):
             target.base_url,
             api_key_env=target.api_key_env,
             ca_file=target.ca_file,
-            settle_after=max(SETTLE_SECONDS, target.timeout),
+            write_timeout=target.timeout,
+            settle_margin=SETTLE_MARGIN,
         )
 
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
@@ -112,6 +132,7 @@ class StripeReconciler(Remote):
             idempotency_keys=[key] if key else [],
             credentials=facts.credentials,
             effect_key=facts.effect_key,
+            facts=facts,
         )
 
     def answer(
@@ -123,8 +144,13 @@ class StripeReconciler(Remote):
         idempotency_keys: Collection[str] = (),
         credentials: Mapping[str, str] | None = None,
         effect_key: str = "",
+        facts: EffectFacts | None = None,
     ) -> ReconcileOutcome:
-        """Ask about one write; any of ``idempotency_keys`` identifies it in Stripe's events."""
+        """Ask about one write; any of ``idempotency_keys`` identifies it in Stripe's events.
+
+        With ``facts`` (the attempt's), its settle window applies and Stripe's clock is measured
+        against the ledger's (``facts.clock``); without, against this host's.
+        """
         ask: dict[str, Callable[[Reader, Mapping[str, Any], int, Collection[str]], Verdict]] = {
             "stripe.refund": self._refund,
             "stripe.cancel_payment_intent": _cancel,
@@ -141,15 +167,11 @@ class StripeReconciler(Remote):
                 timeout=self.timeout,
                 deadline=self.deadline,
                 transport=self._transport,
+                wall=utc_now if facts is None else facts.clock,
             ) as reader:
                 verdict = how(reader, arguments, _since(started_at), idempotency_keys)
-        age = (datetime.now(UTC) - _aware(started_at)).total_seconds()
-        if verdict[0] == "not_executed" and age < self.settle_after:
-            verdict = (
-                "unknown",
-                f"{verdict[1]}, but the attempt is only {age:.0f} s old and "
-                f"Stripe may still be working on it (asked again after {self.settle_after:.0f} s)",
-            )
+        if facts is not None:
+            verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
         return verdict[0]
 
@@ -167,7 +189,7 @@ class StripeReconciler(Remote):
         refunds, complete = ([], False) if isinstance(listed, Miss) else listed
         recent = [r for r in refunds if _since_ok(r, since)]
         if complete and not recent:
-            return "not_executed", "no refund of the payment since the attempt"
+            return _timed(reader, ("not_executed", "no refund of the payment since the attempt"))
 
         # Some refund exists (or the list is unreadable): was one of them made with the key?
         def ours(event: dict[str, Any]) -> bool:
@@ -186,8 +208,10 @@ class StripeReconciler(Remote):
         if not complete:
             return "unknown", f"more than {self.max_pages} pages of refunds to read"
         if matches:
-            return "committed", "one refund since the attempt matches by amount"
-        return "not_executed", "no refund of the payment since the attempt matches by amount"
+            return _timed(reader, ("committed", "one refund since the attempt matches by amount"))
+        return _timed(
+            reader, ("not_executed", "no refund of the payment since the attempt matches by amount")
+        )
 
     def _payout(
         self, reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]
@@ -243,6 +267,15 @@ class StripeReconciler(Remote):
             # would find nothing there.
             headers["Stripe-Account"] = account
         return headers
+
+
+def _timed(reader: Reader, verdict: Verdict) -> Verdict:
+    """A verdict that rests on ``created`` stands only while Stripe's clock is known to agree
+    with the ledger's (a sidecar 30 s ahead would look past the refund it is asked about)."""
+    if reader.skew is not None and reader.skew <= MAX_SKEW:
+        return verdict
+    measured = "unmeasured" if reader.skew is None else f"up to {reader.skew:.0f} s"
+    return "unknown", f"{verdict[1]}, but Stripe's clock is {measured} from the ledger's"
 
 
 def _cancel(reader: Reader, args: Mapping[str, Any], since: int, keys: Collection[str]) -> Verdict:
@@ -309,10 +342,6 @@ def _int(value: Any) -> int | None:
 def _since_ok(obj: dict[str, Any], since: int) -> bool:
     created = _int(obj.get("created"))
     return created is not None and created >= since
-
-
-def _aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
 def _since(started_at: datetime) -> int:

@@ -5,35 +5,20 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ctrlrun import checks, ledger
-from ctrlrun.action import parse_iso
 from ctrlrun.control import Control
-from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.reconcile import ReconcileOutcome, facts_for
 from ctrlrun.states import EffectState
 
 from .base import EffectFacts, ProxyReconciler
 
+__all__ = ["facts_for", "sweep"]
+
 log = logging.getLogger("ctrlrun.reconcilers")
-
-
-def facts_for(row: Mapping[str, Any], credentials: Mapping[str, str] | None = None) -> EffectFacts:
-    """The facts a reconciler needs, read back from an effect record."""
-    action = json.loads(row["action_json"] or "{}")
-    started = row["attempt_started_at"] or row["updated_at"]
-    return EffectFacts(
-        effect_key=row["effect_key"],
-        action=row["action_name"] or action.get("name", ""),
-        arguments=action.get("arguments", {}),
-        attempt_started_at=parse_iso(started),
-        idempotency_key=row["idempotency_key"],
-        credentials=dict(credentials or {}),
-        attempt=int(row["attempt"]),
-    )
 
 
 def sweep(
@@ -85,7 +70,7 @@ def _check(
     reconciler = reconcilers.get(row["upstream"] or "")
     if reconciler is None:
         return "no reconciler for this effect" if named else None
-    hook = _ask(reconciler, facts_for(row))
+    hook = _ask(reconciler, facts_for(row, clock=control.clock))
     return control.reconciler.check(row, hook, trigger="sweep", force=now)
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
+from .clocks import utc_now as wall_now
 from .errors import InvalidArgument
 
 ACTION_SCHEMA = "ctrlrun.action/v1"
@@ -27,7 +28,8 @@ def new_id(prefix: str) -> str:
 
 
 def utc_now() -> datetime:
-    return datetime.now(UTC)
+    """This host's wall clock (``ctrlrun.clocks``)."""
+    return wall_now()
 
 
 def iso(ts: datetime) -> str:

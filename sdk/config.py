@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument, PolicyError
-
-if TYPE_CHECKING:
-    from .store import StateStore
 
 
 def policy_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -43,17 +39,31 @@ def store_url(explicit: str | None = None, policy: str | os.PathLike[str] | None
     return f"sqlite:///{base / '.ctrlrun' / 'state.db'}"
 
 
-def open_default_store(
-    explicit: str | None = None,
-    policy: str | os.PathLike[str] | None = None,
-    *,
-    create: bool = True,
-) -> StateStore:
-    from .store import open_store
-
-    return open_store(store_url(explicit, policy), create=create)
-
-
 def environment() -> str:
     """``$CTRLRUN_ENVIRONMENT``, recorded with every action (default ``production``)."""
     return os.environ.get("CTRLRUN_ENVIRONMENT") or "production"
+
+
+def clock_offset() -> float:
+    """``$CTRLRUN_CLOCK_OFFSET``: seconds added to this host's clock. For tests only: it stands
+    for a host whose clock is wrong (``ctrlrun.clocks``)."""
+    return _seconds("CTRLRUN_CLOCK_OFFSET", 0.0, signed=True)
+
+
+def clock_skew_bound() -> float:
+    """``$CTRLRUN_CLOCK_SKEW_BOUND``: seconds this host's clock may be from the ledger's before
+    it is reported (default 1)."""
+    return _seconds("CTRLRUN_CLOCK_SKEW_BOUND", 1.0, signed=False)
+
+
+def _seconds(name: str, default: float, *, signed: bool) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be a number of seconds, not {raw!r}") from None
+    if value != value or abs(value) == float("inf") or (not signed and value < 0):
+        raise InvalidArgument(f"{name} must be a finite{'' if signed else ', positive'} number")
+    return value

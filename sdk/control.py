@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import ledger
-from .action import Action, Principal, iso, new_id, parse_iso, utc_now
+from .action import Action, Principal, iso, new_id, parse_iso
 from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, describe
 from .context import attempt_token
@@ -54,7 +54,7 @@ class Control:
         policy: Policy,
         store: StateStore,
         *,
-        clock: Callable[[], datetime] = utc_now,
+        clock: Callable[[], datetime] | None = None,
         approval_ttl: timedelta = DEFAULT_TTL,
         lease: timedelta = DEFAULT_LEASE,
         environment: str = "production",
@@ -63,16 +63,18 @@ class Control:
             raise InvalidArgument("lease and approval_ttl must be positive")
         self.policy = policy
         self.store = store
-        self.clock = clock
+        # Decisions are judged on the ledger's clock (``ctrlrun.clocks``) unless a test gives one.
+        self.clock = clock or store.clock
         self.approval_ttl = approval_ttl
         self.lease = lease
         self.environment = environment
-        self.reconciler = Reconciler(store, clock)
+        self.reconciler = Reconciler(store, self.clock)
 
     @classmethod
     def from_file(cls, path: str | None = None) -> Control:
-        from .config import environment, open_default_store, policy_path
+        from .config import environment, policy_path
         from .policy import Policy
+        from .store import open_default_store
 
         resolved = policy_path(path)
         policy = Policy.from_file(resolved)  # a bad policy leaves no ledger behind

@@ -11,15 +11,18 @@ answering ``unknown`` writes its events once, not once a sweep.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import ledger
-from .action import iso
+from .action import iso, parse_iso
 from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
+from .clocks import utc_now
 from .errors import EffectKeyError, InvalidArgument
 from .events import EventType
 from .states import EffectState
@@ -34,6 +37,61 @@ ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 ReconcileHook = Callable[[str], ReconcileOutcome]
 ANSWERS = ("committed", "not_executed", "unknown")
 _AMBIGUOUS = EffectState.AMBIGUOUS.value
+
+
+@dataclass(frozen=True)
+class EffectFacts:
+    """What the ledger knows about one attempt when a reconciler is asked about it.
+
+    Times are on the ledger's clock (``ctrlrun.clocks``), and ``clock`` reads it, so "is the
+    attempt old enough" is judged on the clock the attempt's start was written by.
+    """
+
+    effect_key: str
+    action: str
+    arguments: Mapping[str, Any]
+    attempt_started_at: datetime
+    idempotency_key: str | None = None  # the key the attempt was forwarded with (Stripe)
+    # The credentials of the request that produced the effect, held in memory only.
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The attempt number; with the effect key it names the token the proxy injected as the
+    # Idempotency-Key when the client sent none (``idempotency_token_for``).
+    attempt: int = 1
+    ended_at: datetime | None = None  # when the attempt was recorded ambiguous
+    clock: Callable[[], datetime] = field(default=utc_now, compare=False, repr=False)
+
+
+def facts_for(
+    row: Mapping[str, Any],
+    credentials: Mapping[str, str] | None = None,
+    *,
+    clock: Callable[[], datetime] = utc_now,
+) -> EffectFacts:
+    """The facts of the attempt an effect record holds, read back from the record."""
+    action = json.loads(row["action_json"] or "{}")
+    started = row["attempt_started_at"] or row["updated_at"]
+    ambiguous = row["state"] == _AMBIGUOUS
+    return EffectFacts(
+        effect_key=row["effect_key"],
+        action=row["action_name"] or action.get("name", ""),
+        arguments=action.get("arguments", {}),
+        attempt_started_at=parse_iso(started),
+        idempotency_key=row["idempotency_key"],
+        credentials=dict(credentials or {}),
+        attempt=int(row["attempt"]),
+        ended_at=parse_iso(row["updated_at"]) if ambiguous else None,
+        clock=clock,
+    )
+
+
+def ask(hook: Callable[[str], Any], facts: Callable[[], EffectFacts | None], key: str) -> Any:
+    """Ask a hook about ``key``: with the attempt's facts when it takes them (a
+    ``reconcile_attempt(facts)`` method, as the built-in factories' hooks have), else the key."""
+    with_facts = getattr(hook, "reconcile_attempt", None)
+    if callable(with_facts):
+        found = facts()
+        return "unknown" if found is None else with_facts(found)
+    return hook(key)
 
 
 class NotAmbiguous(EffectKeyError):
@@ -70,10 +128,15 @@ class Reconciler:
         """Ask ``hook`` about ``effect_key`` once and apply its answer. Returns the answer."""
         self.started(effect_key, trigger)
         try:
-            raw = hook(effect_key)
+            raw = ask(hook, lambda: self._facts(effect_key), effect_key)
         except Exception as exc:
             return self.settle(effect_key, None, error=exc)
         return self.settle(effect_key, raw)
+
+    def _facts(self, effect_key: str) -> EffectFacts | None:
+        with self.store.reading() as conn:
+            row = ledger.get_effect_row(conn, effect_key)
+        return None if row is None else facts_for(row, clock=self.clock)
 
     def started(self, effect_key: str, trigger: str) -> None:
         with self.store.transaction() as conn:
@@ -125,7 +188,7 @@ class Reconciler:
                 log.debug("check of %s: claimed elsewhere, or the record moved", key)
                 return None
         try:
-            answer, data = judge(hook(key))
+            answer, data = judge(ask(hook, lambda: facts_for(row, clock=self.clock), key))
         except Exception as exc:
             answer, data = judge(None, exc)
         asked = schedule_of(row).checks + 1

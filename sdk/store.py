@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from .clocks import Clock, LedgerClock, Skew, utc_now
+from .config import clock_skew_bound, store_url
 from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .pg_session import OPEN_TIMEOUT, options_string, session_options
@@ -44,6 +47,9 @@ class StateStore:
         self.engine = engine
         self.dialect = engine.dialect.name
         self.location = engine.url.render_as_string(hide_password=True)
+        # The ledger's clock, that every decision about its records is judged on: on one host
+        # the local clock (``PostgresStateStore`` replaces it with the database's).
+        self.clock: Clock = utc_now
         self._closed = False
         try:
             self._open(create)
@@ -83,6 +89,11 @@ class StateStore:
         """Raise ``StoreError`` unless the ledger answers."""
         with self.reading() as conn:
             conn.execute(text("SELECT 1"))
+
+    @property
+    def skew(self) -> Skew | None:
+        """How far this host's clock is from the ledger's (None: the ledger's is this host's)."""
+        return self.clock.skew if isinstance(self.clock, LedgerClock) else None
 
     def close(self) -> None:
         if not self._closed:
@@ -270,6 +281,19 @@ class PostgresStateStore(StateStore):
             connect_args={"connect_timeout": 5, "options": options},
         )
         super().__init__(engine, create=create)
+        try:
+            self.clock = LedgerClock(self._database_now, bound=clock_skew_bound())
+        except Exception:
+            engine.dispose()
+            raise
+
+    def _database_now(self) -> datetime:
+        # clock_timestamp(), not now(): now() is when the transaction began.
+        with self.reading() as conn:
+            value = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        if not isinstance(value, datetime):  # pragma: no cover (psycopg gives timestamptz)
+            raise StoreError(f"the ledger at {self.location} gave no time: {value!r}")
+        return value
 
 
 def open_store(url: str, *, create: bool = True) -> StateStore:
@@ -292,3 +316,13 @@ def open_store(url: str, *, create: bool = True) -> StateStore:
     raise InvalidArgument(
         f"unsupported store URL scheme {parsed.drivername!r}: use sqlite:///PATH or postgresql://…"
     )
+
+
+def open_default_store(
+    explicit: str | None = None,
+    policy: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = True,
+) -> StateStore:
+    """The ledger the configuration names (``config.store_url``)."""
+    return open_store(store_url(explicit, policy), create=create)

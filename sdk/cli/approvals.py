@@ -6,7 +6,6 @@ import json
 
 import click
 
-from ctrlrun.action import utc_now
 from ctrlrun.errors import ApprovalMismatch
 
 from .common import errors, fail, json_option, reader, say, store_option
@@ -52,7 +51,7 @@ def _answer(request_id: str, grant: bool, store_url: str | None) -> None:
     store = reader(store_url)
     try:
         with store.transaction() as conn:
-            row = answer(conn, request_id, grant=grant, approver="cli:local", now=utc_now())
+            row = answer(conn, request_id, grant=grant, approver="cli:local", now=store.clock())
     except ApprovalMismatch as exc:
         fail(str(exc), 1)
     if grant:

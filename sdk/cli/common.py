@@ -9,9 +9,8 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ctrlrun.config import open_default_store
 from ctrlrun.errors import CTRLRunError, InvalidArgument, MissingDependency, PolicyError, StoreError
-from ctrlrun.store import NoLedger, StateStore
+from ctrlrun.store import NoLedger, StateStore, open_default_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 STORE_HELP = (

@@ -8,7 +8,6 @@ import sys
 import click
 
 from ctrlrun import checks, views
-from ctrlrun.action import utc_now
 from ctrlrun.errors import EffectKeyError
 from ctrlrun.states import EffectState
 
@@ -62,7 +61,7 @@ def effects(
     if not records:
         say(f"no effects are {state}" if state else "no effects yet", as_json=as_json)
         return
-    now = utc_now()
+    now = store.clock()
     for rec in records:
         schedule = found.get(rec.effect_key)
         click.echo(
@@ -95,7 +94,7 @@ def resolve(effect_key: str, committed: bool, failed: bool, store_url: str | Non
 
     store = reader(store_url)
     try:
-        Reconciler(store, utc_now).resolve(effect_key, state, resolved_by="cli:local")
+        Reconciler(store, store.clock).resolve(effect_key, state, resolved_by="cli:local")
     except EffectKeyError as exc:
         fail(str(exc), 1)
     click.echo(f"{effect_key} resolved {state} by cli:local")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import kubernetes.client
@@ -10,6 +11,7 @@ import pytest
 from harness import KUBE_TOKEN, Sidecar
 from kubernetes.client.rest import ApiException
 
+from ctrlrun import clocks
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,7 +71,7 @@ def test_scale_commits_and_an_identical_scale_is_refused(
 
 
 def test_reset_before_apply_is_reconciled_not_executed_and_the_retry_commits(
-    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes]
+    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, kube = fakes
     api = apps_api(sidecar.kube_base)
@@ -78,33 +80,40 @@ def test_reset_before_apply_is_reconciled_not_executed_and_the_retry_commits(
 
     exc = refused(api, 6)
 
-    # The reconciler answered within the same call: the agent's 504 says what it found.
+    # The reconciler answered within the same call: the agent's 504 says what it found. The
+    # write may still be in flight at the apiserver (its settle window): nothing is proven.
     assert exc.status == 504
     assert exc.headers["X-Ctrlrun-Outcome"] == "upstream_ambiguous"
     block = json.loads(exc.body)["ctrlrun"]
-    assert block["reason"] == "reconciler: not_executed"
-    assert "not_executed" in json.loads(exc.body)["message"]
-    assert sidecar.effect_state(KEY) == "failed"
+    assert block["reason"] == "reconciler: unknown"
+    assert sidecar.effect_state(KEY) == "ambiguous"
     # The reconciler only read: one forwarded PATCH (reset), then GETs, nothing applied.
     after = kube.requests[seen:]
     assert after[0] == ("PATCH", SCALE)
     assert after[1:] and all(method == "GET" for method, _ in after[1:])
     assert kube.writes_applied == 0
     assert kube.replicas("default", "checkout") == 3
+    assert refused(api, 6).headers["X-Ctrlrun-Outcome"] == "ambiguous"  # a retry, too early
 
-    assert scale(api, 6).spec.replicas == 6  # failed permits a renewal: forwarded, committed
+    # Two minutes on (this process's clock is the ledger's), the window is over: the next
+    # retry's own reconciliation finds replicas still 3, and the renewal is forwarded.
+    monkeypatch.setattr(clocks, "_offset", lambda: timedelta(minutes=2))
+    assert scale(api, 6).spec.replicas == 6
     assert sidecar.effect_state(KEY) == "committed"
     assert kube.writes_applied == 1
 
-    events = [e for e in ledger_json(sidecar, "receipts") if e["kind"] == "event"]
-    assert [(e["type"], e["effect_key"]) for e in events][:2] == [
-        ("RECONCILIATION_STARTED", KEY),
-        ("RECONCILIATION_RESOLVED", KEY),
+    lines = ledger_json(sidecar, "receipts")
+    events = [e for e in lines if e["kind"] == "event" and e["type"].startswith("RECONCILIATION")]
+    assert [(e["type"], e["data"].get("trigger") or e["data"]["outcome"]) for e in events] == [
+        ("RECONCILIATION_STARTED", "eager"),
+        ("RECONCILIATION_RESOLVED", "unknown"),
+        ("RECONCILIATION_STARTED", "blocking"),
+        ("RECONCILIATION_RESOLVED", "unknown"),
+        ("RECONCILIATION_STARTED", "blocking"),
+        ("RECONCILIATION_RESOLVED", "not_executed"),
     ]
-    assert events[0]["data"]["trigger"] == "eager"
-    assert events[1]["data"]["outcome"] == "not_executed"
     results = [r["result"] for r in ledger_json(sidecar, "receipts") if r["kind"] == "receipt"]
-    assert results == ["ambiguous", "committed"]
+    assert results == ["ambiguous", "blocked", "committed"]
     text = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
     assert f"RECONCILIATION_STARTED  {KEY}" in text
     assert f"RECONCILIATION_RESOLVED  {KEY}  not_executed" in text

@@ -20,6 +20,7 @@ import pytest
 from harness import KUBE_TOKEN, Sidecar, start_sidecar
 from sqlalchemy import update
 
+from ctrlrun import clocks
 from ctrlrun.action import iso, utc_now
 from ctrlrun.schema import effects
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -150,7 +151,7 @@ def test_the_sweep_settles_an_ambiguous_effect_without_a_retry(
 
 
 def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
-    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stripe, kube = fakes
     kube.add_deployment(namespace="default", name="web", replicas=2)
@@ -166,6 +167,11 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
         one = sc.cli("reconcile", KEY, "--policy", str(sc.policy), "--store-url", sc.store_url)
         assert one.returncode == 0, one.stderr
         assert one.stdout.split() == [KEY, "committed"]
+        # Inside the write's settle window "replicas is still 2" proves nothing ...
+        inside = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)
+        assert inside.stdout.split() == ["scale:prod-eu:web:5", "unknown"]
+        # ... once it is over (this process's clock, the ledger's, two minutes on), it does.
+        monkeypatch.setattr(clocks, "_offset", lambda: timedelta(minutes=2))
         every = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)
         assert every.returncode == 0, every.stderr
         assert every.stdout.split() == ["scale:prod-eu:web:5", "not_executed"]
@@ -204,14 +210,18 @@ def _swallow(fn: Any, *args: Any) -> None:
 
 
 def expire_lease(sc: Sidecar, key: str) -> None:
-    """Time travel: the lease (timeout + reconcile deadline + 60 s) has run out."""
+    """Time travel: the lease (timeout + reconcile deadline + 60 s) has run out, so the attempt
+    started longer ago than that (its settle window, timeout + 60 s, is over too)."""
     store = sc.store()
     try:
         with store.transaction() as conn:
             conn.execute(
                 update(effects)
                 .where(effects.c.effect_key == key)
-                .values(lease_expires_at=iso(utc_now() - timedelta(seconds=1)))
+                .values(
+                    lease_expires_at=iso(utc_now() - timedelta(seconds=1)),
+                    attempt_started_at=iso(utc_now() - timedelta(seconds=76)),
+                )
             )
     finally:
         store.close()

@@ -72,7 +72,7 @@ def test_build_gives_each_upstream_its_profiles_reconciler() -> None:
     assert set(built) == {"stripe", "eu", "quiet", "billing", "plain"}
     stripe = built["stripe"]
     assert isinstance(stripe, StripeReconciler)
-    assert stripe.settle_after == 90.0 and stripe.ca_file == "/ca.pem"
+    assert stripe.write_timeout == 90.0 and stripe.ca_file == "/ca.pem"
     assert isinstance(built["eu"], KubernetesReconciler)
     assert built["eu"].token_file == "/token"
     assert built["quiet"] is None  # reconcile: off

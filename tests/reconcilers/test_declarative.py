@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcilers import Check, DeclarativeReconciler, DeclarativeTarget, EffectFacts
 from ctrlrun.reconcilers.declarative import holds, same
+from ctrlrun.reconcilers.http import SETTLE_MARGIN
 from ctrlrun.testing import FakeServer, Request, Response
 
 
@@ -63,9 +65,13 @@ def facts(action: str, arguments: dict[str, Any], **kw: Any) -> EffectFacts:
         effect_key=f"{action}:effect",
         action=action,
         arguments=arguments,
-        attempt_started_at=datetime.now(UTC),
-        **kw,
+        **{"attempt_started_at": datetime.now(UTC), "clock": after_the_window, **kw},
     )
+
+
+def after_the_window() -> datetime:
+    """Asked once the attempt's settle window is over (``test_settle_window`` asks inside it)."""
+    return datetime.now(UTC) + timedelta(minutes=10)
 
 
 @pytest.mark.parametrize(
@@ -186,3 +192,23 @@ def test_a_bad_get_template_is_refused() -> None:
     bad = Check(get="/v1/{not closed", committed={"a": 1}, not_executed={"a": 2})
     with pytest.raises(InvalidArgument, match=r"billing\.x"):
         DeclarativeReconciler("http://127.0.0.1:1", [("billing.x", bad)])
+
+
+def test_settle_window(billing: FakeBilling) -> None:
+    """A draft invoice while the send may still be in flight is no proof it was never sent."""
+    billing.invoices["in_1"] = {"id": "in_1", "status": "draft"}
+    reconciler = DeclarativeReconciler.for_target(replace(target(billing.url), timeout=5.0))
+    started = datetime.now(UTC)
+    at = [started + timedelta(seconds=5 + SETTLE_MARGIN - 1)]
+    asked = facts(
+        "billing.send_invoice",
+        {"invoice_id": "in_1"},
+        attempt_started_at=started,
+        clock=lambda: at[0],
+    )
+    assert reconciler(asked) == "unknown"
+    at[0] = started + timedelta(seconds=5 + SETTLE_MARGIN)
+    assert reconciler(asked) == "not_executed"
+    billing.invoices["in_1"]["status"] = "sent"  # committed needs no window
+    at[0] = started
+    assert reconciler(asked) == "committed"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from ctrlrun.reconcilers import EffectFacts, KubernetesReconciler, KubernetesTarget
+from ctrlrun.reconcilers.http import SETTLE_MARGIN
 from ctrlrun.testing import FakeKubernetes
 
 Seed = Callable[[FakeKubernetes], None]
@@ -23,9 +25,13 @@ def facts(action: str, arguments: dict[str, Any], **kw: Any) -> EffectFacts:
         effect_key=f"{action}:effect",
         action=action,
         arguments=arguments,
-        attempt_started_at=datetime.now(UTC),
-        **kw,
+        **{"attempt_started_at": datetime.now(UTC), "clock": after_the_window, **kw},
     )
+
+
+def after_the_window() -> datetime:
+    """Asked once the attempt's settle window is over (``test_settle_window`` asks inside it)."""
+    return datetime.now(UTC) + timedelta(minutes=10)
 
 
 def deployment(namespace: str = "default", name: str = "web", replicas: int = 3) -> Seed:
@@ -232,3 +238,27 @@ def test_for_target_reads_the_token_file_at_call_time_and_verifies_tls(tmp_path:
         assert reconciler(facts("k8s.scale", args, credentials={})) == "committed"
         untrusted = KubernetesReconciler(fake.url)
         assert untrusted(facts("k8s.scale", args)) == "unknown"
+
+
+def test_settle_window() -> None:
+    """A scale still in flight when its deadline fired is not yet "not executed": until the
+    write's deadline plus the margin have passed on the ledger's clock, the answer is unknown."""
+    with FakeKubernetes() as fake:
+        fake.add_deployment("default", "web", 3)
+        target = KubernetesTarget(fake.url, timeout=10.0)
+        reconciler = KubernetesReconciler.for_target(target)
+        args = {"namespace": "default", "deployment": "web", "replicas": 6}
+        started = datetime.now(UTC)
+        at = [started]
+        asked = facts("k8s.scale", args, attempt_started_at=started, clock=lambda: at[0])
+        assert reconciler(asked) == "unknown"
+        at[0] = started + timedelta(seconds=10 + SETTLE_MARGIN - 1)
+        assert reconciler(asked) == "unknown"
+        at[0] = started + timedelta(seconds=10 + SETTLE_MARGIN)
+        assert reconciler(asked) == "not_executed"
+        # Recorded ambiguous late (its lease ran out): a forwarded write has its deadline, so
+        # the window still runs from its start; a write with none (the SDK's) from the end.
+        ended = replace(asked, ended_at=started + timedelta(seconds=120))
+        assert reconciler(ended) == "not_executed"
+        sdk = KubernetesReconciler(fake.url, settle_margin=SETTLE_MARGIN)
+        assert sdk(ended) == "unknown"

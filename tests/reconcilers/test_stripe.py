@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.reconcilers import EffectFacts, StripeReconciler, StripeTarget
+from ctrlrun.reconcilers.http import SETTLE_MARGIN
 from ctrlrun.testing import FakeStripe
 
 KEY = "sk_test_reconcilers"
@@ -318,16 +320,56 @@ def test_nothing_found_too_early_is_unknown_not_not_executed(stripe_fake: FakeSt
     """A refund Stripe may still be working on must not be read as never having happened."""
     pi = stripe_fake.add_payment_intent(amount=5000)["id"]
     args = {"payment_intent": pi, "payment_id": pi, "amount": 1000}
-    reconciler = StripeReconciler(stripe_fake.url, settle_after=60)
+    reconciler = StripeReconciler(stripe_fake.url, write_timeout=30, settle_margin=30)
     now = datetime.now(UTC)
     assert reconciler(facts("stripe.refund", args, attempt_started_at=now)) == "unknown"
-    earlier = datetime.fromtimestamp(now.timestamp() - 120, UTC)
+    earlier = now - timedelta(seconds=120)
     assert reconciler(facts("stripe.refund", args, attempt_started_at=earlier)) == "not_executed"
+    # Started long ago with no deadline (an SDK function), and it gave up only now: Stripe
+    # may still be applying it.
+    late = facts("stripe.refund", args, attempt_started_at=earlier, ended_at=now)
+    assert StripeReconciler(stripe_fake.url, settle_margin=30)(late) == "unknown"
 
 
-@pytest.mark.parametrize(("timeout", "settle"), [(90.0, 90.0), (30.0, 60.0)])
-def test_a_target_reconciler_waits_at_least_the_write_deadline(
-    timeout: float, settle: float
-) -> None:
-    target = StripeTarget("http://127.0.0.1:1", timeout=timeout)
-    assert StripeReconciler.for_target(target).settle_after == settle
+def test_a_target_reconciler_waits_out_the_write_deadline_and_the_margin() -> None:
+    target = StripeTarget("http://127.0.0.1:1", timeout=90.0)
+    reconciler = StripeReconciler.for_target(target)
+    assert (reconciler.write_timeout, reconciler.settle_margin) == (90.0, SETTLE_MARGIN)
+
+
+@pytest.mark.parametrize("offset", [-30, 30])
+def test_a_stripe_clock_off_the_ledgers_answers_nothing_by_time(offset: int) -> None:
+    """Stripe 30 s behind (or ahead of) the ledger: its ``created`` cannot be compared with the
+    attempt's start, so neither "no refund since" nor "one refund since" stands."""
+    with FakeStripe(clock=lambda: time.time() + offset) as fake:
+        pi = fake.add_payment_intent(amount=5000)["id"]
+        args = {"payment_intent": pi, "amount": 1000}
+        started = datetime.now(UTC) - timedelta(minutes=5)
+        asked = facts("stripe.refund", args, attempt_started_at=started, idempotency_key=None)
+        reconciler = StripeReconciler(fake.url)
+        assert reconciler(asked) == "unknown"
+        fake.add_refund(payment_intent=pi, amount=1000)  # by amount only: a time-based match
+        assert reconciler(asked) == "unknown"
+        fake.add_refund(payment_intent=pi, amount=700, idempotency_key=ATTEMPT_KEY)
+        # The attempt's own key in the events is proof whatever the clocks say.
+        assert reconciler(replace(asked, idempotency_key=ATTEMPT_KEY)) == "committed"
+    with FakeStripe() as fake:  # the same question with the clocks agreeing
+        pi = fake.add_payment_intent(amount=5000)["id"]
+        args = {"payment_intent": pi, "amount": 1000}
+        asked = facts("stripe.refund", args, attempt_started_at=datetime.now(UTC))
+        assert StripeReconciler(fake.url)(asked) == "not_executed"
+
+
+def test_a_stripe_answer_without_a_date_proves_nothing_by_time(stripe_fake: FakeStripe) -> None:
+    pi = stripe_fake.add_payment_intent(amount=5000)["id"]
+    undated = httpx.HTTPTransport()
+
+    class NoDate(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            response = undated.handle_request(request)
+            response.read()
+            del response.headers["date"]
+            return response
+
+    reconciler = StripeReconciler(stripe_fake.url, transport=NoDate())
+    assert reconciler(facts("stripe.refund", {"payment_intent": pi})) == "unknown"

@@ -14,6 +14,7 @@ import copy
 import re
 import time
 from collections.abc import Callable, Mapping
+from email.utils import formatdate
 from urllib.parse import parse_qsl
 
 from ..messages import Request, Response
@@ -39,7 +40,10 @@ class FakeStripe(FakeServer):
         hang_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock`` is the fake's own (epoch seconds): give it an offset to stand for a Stripe
+        whose clock differs from the ledger's."""
         super().__init__(host, port, tls=tls, hang_seconds=hang_seconds)
+        self._clock = clock  # its objects' ``created`` and every answer's ``Date``
         self._accounts = Accounts(clock)
 
     @property
@@ -214,6 +218,7 @@ class FakeStripe(FakeServer):
 
     def finalize(self, request: Request, response: Response) -> Response:
         response.headers.setdefault("Request-Id", new_id("req_"))
+        response.headers.setdefault("Date", formatdate(self._clock(), usegmt=True))
         response.headers.setdefault(
             "Stripe-Version", request.header("stripe-version") or API_VERSION
         )

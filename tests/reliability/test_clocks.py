@@ -1,0 +1,161 @@
+"""Nothing runs twice because of a clock or a settle window (issue 14, findings 1, 3 and 4).
+
+A skewed host is a real ``ctrlrun proxy`` started with ``CTRLRUN_CLOCK_OFFSET`` (its wall clock
+shifted by that many seconds). Executions are counted at the fake remote, never by the ledger.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import stripe
+from e2e.harness import STRIPE_KEY, Sidecar, clean_env
+
+from ctrlrun import ledger
+from ctrlrun.store import open_store
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+SCALE = "/apis/apps/v1/namespaces/default/deployments/web/scale"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+def client(base: str) -> stripe.StripeClient:
+    """The official client, without its own retries: each call here is one agent decision."""
+    http = stripe.RequestsClient(timeout=30)
+    return stripe.StripeClient(
+        STRIPE_KEY, base_addresses={"api": base}, max_network_retries=0, http_client=http
+    )
+
+
+def refund(base: str, pi: str, amount: int = 500) -> str:
+    """One refund call through a sidecar: ``ok``, or the outcome ctrlrun answered."""
+    try:
+        client(base).v1.refunds.create(params={"payment_intent": pi, "amount": amount})
+    except stripe.StripeError as exc:
+        body = exc.json_body or {}
+        return str(body.get("ctrlrun", {}).get("outcome") or exc.http_status)
+    return "ok"
+
+
+def state(url: str, key: str) -> str | None:
+    store = open_store(url, create=False)
+    try:
+        with store.reading() as conn:
+            record = ledger.get_effect(conn, key)
+        return None if record is None else record.state.value
+    finally:
+        store.close()
+
+
+def wait_for(what: Callable[[], bool], seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_two_sidecars_120_s_apart_on_one_postgres_refund_once(
+    pg_url: str,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+) -> None:
+    """Finding 4: B's clock is 120 s ahead, past A's whole lease (5 + 10 + 60 s). Judged on B's
+    clock, A's refund, still running at Stripe, looks abandoned: B would ambiguate it, find no
+    refund yet, settle it failed and refund again. Judged on the database's, it is in progress."""
+    fake, kube = fakes
+    pi = fake.add_payment_intent(amount=5000)["id"]
+    a = sidecars(fake, kube, workdir=tmp_path / "a", store_url=pg_url)
+    b = sidecars(
+        fake,
+        kube,
+        workdir=tmp_path / "b",
+        store_url=pg_url,
+        admin=True,
+        env=clean_env(CTRLRUN_CLOCK_OFFSET="120"),
+    )
+    fake.delay_next(3)  # Stripe is slow on A's refund: it is still running when B is asked
+    answers: dict[str, str] = {}
+    first = threading.Thread(target=lambda: answers.update(a=refund(a.stripe_base, pi)))
+    first.start()
+    wait_for(lambda: fake.count("POST", "/v1/refunds") == 1)
+    answers["b"] = refund(b.stripe_base, pi)
+    first.join(30)
+    ready = httpx.get(f"{b.admin_url}/readyz", timeout=10)
+    metrics = httpx.get(f"{b.admin_url}/metrics", timeout=10).text
+    skew = [line for line in metrics.splitlines() if line.startswith("ctrlrun_clock_skew_seconds")]
+    refunds = len(fake.refunds)
+    print(f"clock offset=120s refunds={refunds} answers={answers} readyz={ready.text!r} {skew}")
+    assert refunds == 1
+    assert answers == {"a": "ok", "b": "in_progress"}
+    assert state(pg_url, f"refund:{pi}") == "committed"
+    # B says its clock is off, at start, in /readyz (still ready: it decides on the ledger's
+    # clock) and in the metric.
+    assert "ahead of the ledger's" in b.log.read_text()
+    assert ready.status_code == 200 and "clock: this host's clock is 120" in ready.text
+    assert skew and 119 < float(skew[0].split()[1]) < 121
+
+
+@pytest.mark.timeout(120)
+def test_a_sidecar_30_s_ahead_never_settles_a_lost_reply_refund_failed(
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+) -> None:
+    """Finding 1: the refund is applied, its reply lost. The sidecar's clock is 30 s ahead, so
+    the refund's ``created`` is before the attempt "started" by the sidecar's clock: it looked
+    for refunds since then, found none, and once the attempt was a minute old (the settle
+    window) answered not_executed; the agent's retry refunded again. Stripe's ``Date`` on each
+    answer shows the clocks 30 s apart: nothing time-based is concluded."""
+    fake, kube = fakes
+    pi = fake.add_payment_intent(amount=5000)["id"]
+    offset = {"CTRLRUN_CLOCK_OFFSET": "30"}
+    sc = sidecars(fake, kube, workdir=tmp_path, env=clean_env(**offset))
+    key = f"refund:{pi}"
+    fake.fail_next("commit_then_drop")
+    lost = refund(sc.stripe_base, pi)
+    assert len(fake.refunds) == 1 and lost == "upstream_ambiguous"
+    # The same host 65 s later (30 s ahead + 65 s): the settle window is over.
+    later = _reconcile_later(sc, key, seconds=30 + 65)
+    retry = refund(sc.stripe_base, pi)
+    refunds = len(fake.refunds)
+    print(
+        f"sidecar +30s: refunds={refunds} reconcile={later!r} retry={retry} "
+        f"state={sc.effect_state(key)}"
+    )
+    assert refunds == 1
+    assert sc.effect_state(key) == "ambiguous"
+    assert "not_executed" not in later
+    assert retry == "ambiguous"
+
+
+def _reconcile_later(sc: Sidecar, key: str, *, seconds: float) -> str:
+    """``ctrlrun reconcile KEY`` on a host whose clock is ``seconds`` ahead."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctrlrun.cli",
+            "reconcile",
+            key,
+            "--policy",
+            str(sc.policy),
+            "--store-url",
+            sc.store_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=sc.workdir,
+        env=clean_env(CTRLRUN_CLOCK_OFFSET=str(seconds)),
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
