@@ -245,3 +245,39 @@ def test_an_exec_the_remote_refused_is_recorded_failed(
     assert kube.sessions == []
     [receipt] = receipts(sc)
     assert (receipt["result"], receipt["error"]) == ("failed", "HTTP 404")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+@pytest.mark.parametrize(
+    ("args", "action"),
+    [
+        (("attach", "web-0", "-c", "app"), "k8s.attach"),
+        (("port-forward", "pod/web-0", ":8080"), "k8s.port_forward"),
+    ],
+)
+def test_kubectl_attach_and_port_forward_denied_reach_nothing(
+    sidecar: Sidecar,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    tmp_path: Path,
+    args: tuple[str, ...],
+    action: str,
+) -> None:
+    _, kube = fakes
+    kube.add_pod("default", "web-0")
+    done, _ = kubectl(home_for(tmp_path, sidecar.kube_base), *args)
+    assert done.returncode != 0
+    assert kube.sessions == []
+    got = receipts(sidecar)
+    assert got and all((r["action"], r["decision"]) == (action, "deny") for r in got)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_attach_allowed_is_relayed(
+    allowing: tuple[Sidecar, FakeKubernetes], tmp_path: Path
+) -> None:
+    sc, kube = allowing
+    done, _ = kubectl(home_for(tmp_path, sc.kube_base), "attach", "web-0", "-c", "app")
+    assert done.returncode == 0, done.stderr
+    assert "ran attach in app" in done.stdout
+    assert [(s.kind, s.container) for s in kube.sessions] == [("attach", "app")]
+    assert [(r["action"], r["result"]) for r in receipts(sc)] == [("k8s.attach", "committed")]
