@@ -47,6 +47,13 @@ owner_rules() {
   "$t" -w -A CTRLRUN-OUT -o lo -j ACCEPT
   "$t" -w -A CTRLRUN-OUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
   "$t" -w -A CTRLRUN-OUT -m owner --uid-owner "$uid" -j ACCEPT
+  if [ "$2" = 6 ]; then
+    # The kernel's own neighbour and router discovery: without it IPv6 reaches no one, the
+    # sidecar included. (ARP, its IPv4 twin, is not IP and never meets these rules.)
+    for type in router-solicitation neighbour-solicitation neighbour-advertisement; do
+      "$t" -w -A CTRLRUN-OUT -p ipv6-icmp --icmpv6-type "$type" -j ACCEPT
+    done
+  fi
   if [ "$mode" = transparent ] && [ "$2" = 4 ]; then
     # A connection redirected below still names its old interface here: accept it by
     # what NAT made of it, the sidecar's listener.

@@ -103,7 +103,7 @@ class FakeServer:
 
     def start(self) -> Self:
         """Listen and serve in a background thread; a stopped fake may be started again."""
-        context = self._ca.server_context() if self._ca else None
+        context = self._ca.server_context(self.host) if self._ca else None
         self._port = self._listener.start(self.host, self._port, context)
         return self
 

@@ -40,10 +40,19 @@ class FakeCA:
     def ca_file(self) -> Path:
         return self.directory / f"{BASENAME}-ca-cert.pem"
 
-    def server_context(self) -> ssl.SSLContext:
-        """A server context with a fresh ``localhost`` certificate signed by this CA."""
+    def server_context(self, host: str | None = None) -> ssl.SSLContext:
+        """A server context with a fresh ``localhost`` certificate signed by this CA.
+
+        ``host``, an IP address the fake listens on, is named in the certificate too (a fake
+        in a network namespace a test creates is not reached as localhost).
+        """
         store = certs.CertStore.from_store(self.directory, BASENAME, KEY_SIZE)
-        entry = store.get_cert("localhost", SERVER_NAMES)
+        names = list(SERVER_NAMES)
+        with contextlib.suppress(ValueError):  # a name, not an address: localhost covers it
+            address = x509.IPAddress(ipaddress.ip_address(host or ""))
+            if address not in names:
+                names.append(address)
+        entry = store.get_cert("localhost", names)
         key = entry.privatekey.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,

@@ -292,3 +292,28 @@ def test_systemd_agent_drop_in_allows_only_loopback() -> None:
         "ExecStartPre=/usr/bin/install -m 0644"
         in (DEPLOY / "systemd" / "ctrlrun-proxy.service").read_text()
     )
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_agent_drop_in_verifies(tmp_path: Path) -> None:
+    """The drop-in's directives are valid in an agent's unit (here a stand-in one)."""
+    drop_in = (DEPLOY / "systemd" / "ctrlrun-agent.conf").read_text()
+    unit = tmp_path / "refund-agent.service"
+    unit.write_text(f"[Service]\nExecStart=/bin/true\n\n{drop_in}")
+    sidecar = tmp_path / "ctrlrun-proxy.service"  # the unit the drop-in requires
+    ctrlrun = shutil.which("ctrlrun") or str(Path(sys.executable).with_name("ctrlrun"))
+    text = (DEPLOY / "systemd" / "ctrlrun-proxy.service").read_text()
+    sidecar.write_text(text.replace("/usr/local/bin/ctrlrun", ctrlrun))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit), str(sidecar)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    problems = [
+        line
+        for line in output.splitlines()
+        if "refund-agent.service" in line and ("Unknown" in line or "Failed" in line)
+    ]
+    assert not problems, output

@@ -31,6 +31,7 @@ SCRIPT = ROOT / "deploy" / "ctrlrun-egress.sh"
 AGENT_UID = 10002  # the manifests' agent UID
 PROXY_PORT = 8080
 KEY = "sk_test_netns_4242"
+TLS_ARGS = ("--insecure",)  # reachability only: a handshake that happens is enough
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -44,7 +45,7 @@ upstreams:
   stripe:
     profile: stripe
     url: {url}
-    timeout: 5
+{ca_file}    timeout: 5
     reconcile: "off"
 """
 
@@ -90,6 +91,7 @@ class Pod:
 
     name: str
     gateway: str  # the host end's address: where the fake remote listens
+    gateway6: str  # the same over IPv6
     workdir: Path  # readable by both UIDs, writable by the sidecar's
 
     def as_uid(self, uid: int, *argv: str, env: tuple[str, ...] = ()) -> list[str]:
@@ -102,6 +104,12 @@ class Pod:
         env = [f"CTRLRUN_UID={SIDECAR_UID}", f"CTRLRUN_MODE={mode}", "CTRLRUN_DNS=none"]
         run("ip", "netns", "exec", self.name, "env", *env, "sh", str(SCRIPT))
 
+    def reach(self, uid: int, url: str) -> tuple[int, str]:
+        """A GET by curl under ``uid``, straight to ``url``: curl's exit code and the status."""
+        argv = self.as_uid(uid, "curl", "-sS", "--max-time", "10", "--noproxy", "*", *TLS_ARGS)
+        out = run(*argv, "-o", "/dev/null", "-w", "%{http_code}", url, timeout=60, check=False)
+        return out.returncode, out.stdout.strip()
+
     def agent(self, url: str, amount: int, *curl_args: str) -> tuple[int, str]:
         """One refund by curl under the agent's UID, its proxy variables naming the sidecar.
 
@@ -109,6 +117,8 @@ class Pod:
         """
         proxies = tuple(f"{v}=http://127.0.0.1:{PROXY_PORT}" for v in ("http_proxy", "HTTPS_PROXY"))
         argv = self.as_uid(AGENT_UID, "curl", "-sS", "--max-time", "10", *curl_args, env=proxies)
+        if url.startswith("https://"):
+            argv += ["--cacert", str(self.workdir / "agent-ca.pem")]
         out = run(
             *argv,
             "-o",
@@ -134,20 +144,24 @@ def pod() -> Iterator[Pod]:
     name, host_end, pod_end = f"ctrlrun-test-{tag}", f"crh{tag}", f"crp{tag}"
     octet = int(tag[:2], 16)
     gateway, address = f"198.18.{octet}.1", f"198.18.{octet}.2"  # RFC 2544 test range
+    prefix6 = f"fd53:{tag[:4]}:{tag[4:]}"  # unique local addresses
+    gateway6, address6 = f"{prefix6}::1", f"{prefix6}::2"
     workdir = Path(tempfile.mkdtemp(prefix="ctrlrun-netns-"))
     try:
         run("ip", "netns", "add", name)
         run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
         run("ip", "link", "set", pod_end, "netns", name)
         run("ip", "addr", "add", f"{gateway}/30", "dev", host_end)
+        run("ip", "addr", "add", f"{gateway6}/64", "dev", host_end, "nodad")
         run("ip", "link", "set", host_end, "up")
         inside = ("ip", "netns", "exec", name, "ip")
         run(*inside, "addr", "add", f"{address}/30", "dev", pod_end)
+        run(*inside, "addr", "add", f"{address6}/64", "dev", pod_end, "nodad")
         run(*inside, "link", "set", pod_end, "up")
         run(*inside, "link", "set", "lo", "up")
         workdir.chmod(0o755)
         os.chown(workdir, SIDECAR_UID, SIDECAR_UID)
-        yield Pod(name, gateway, workdir)
+        yield Pod(name, gateway, gateway6, workdir)
     finally:
         run("ip", "netns", "del", name, check=False)  # takes the veth pair with it
         run("ip", "link", "del", host_end, check=False)
@@ -160,7 +174,11 @@ class Sidecar:
     def __init__(self, pod: Pod, remote: FakeStripe, mode: str) -> None:
         self.pod = pod
         policy = pod.workdir / "ctrlrun.yaml"
-        policy.write_text(POLICY.format(url=remote.url))
+        ca_file = ""
+        if remote.ca_file:  # the sidecar's UID may not read the fakes' CA where it lives
+            shutil.copy(remote.ca_file, pod.workdir / "remote-ca.pem")
+            ca_file = f"    ca_file: {pod.workdir / 'remote-ca.pem'}\n"
+        policy.write_text(POLICY.format(url=remote.url, ca_file=ca_file))
         self.store_url = f"sqlite:///{pod.workdir / 'state.db'}"
         argv = pod.as_uid(
             SIDECAR_UID,
@@ -190,6 +208,10 @@ class Sidecar:
         if not self._started.wait(60) or not any("listening" in x for x in self.output):
             self.stop()
             raise AssertionError("the sidecar did not start:\n" + "".join(self.output))
+        # What the agent trusts: the proxy's CA, as the ctrlrun-ca init container shares it.
+        agent_ca = pod.workdir / "agent-ca.pem"
+        shutil.copy(pod.workdir / "ca" / "mitmproxy-ca-cert.pem", agent_ca)
+        agent_ca.chmod(0o644)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -221,26 +243,50 @@ class Sidecar:
         return [r for r in map(json.loads, out.splitlines()) if r.get("kind") == "receipt"]
 
 
+def seeded(stripe: FakeStripe) -> FakeStripe:
+    for amount in (500, 700, 50_000):
+        stripe.add_payment_intent(f"pi_{amount}", amount=amount)
+    return stripe
+
+
 @pytest.fixture
 def remote(pod: Pod) -> Iterator[FakeStripe]:
     with FakeStripe(host=pod.gateway) as stripe:
-        for amount in (500, 700, 50_000):
-            stripe.add_payment_intent(f"pi_{amount}", amount=amount)
-        yield stripe
+        yield seeded(stripe)
+
+
+@pytest.fixture
+def remote6(pod: Pod) -> Iterator[FakeStripe]:
+    with FakeStripe(host=pod.gateway6) as stripe:
+        yield seeded(stripe)
+
+
+@pytest.fixture
+def remote_tls(pod: Pod) -> Iterator[FakeStripe]:
+    with FakeStripe(host=pod.gateway, tls=True) as stripe:
+        yield seeded(stripe)
 
 
 def refunds(remote: FakeStripe) -> int:
     return remote.count("POST", "/v1/refunds")
 
 
-def test_owner_rules_leave_the_sidecar_as_the_only_way_out(pod: Pod, remote: FakeStripe) -> None:
+def test_owner_rules_leave_the_sidecar_as_the_only_way_out(
+    pod: Pod, remote: FakeStripe, remote6: FakeStripe
+) -> None:
     pod.egress("owner")
     sidecar = Sidecar(pod, remote, "regular")
     try:
-        # Straight to the remote, ignoring the proxy variables: refused by the kernel
-        # (curl's 7: could not connect).
+        # The way out exists, for the sidecar's UID, over IPv4 and IPv6 (the remote answers
+        # 401: no key) ...
+        for fake in (remote, remote6):
+            assert pod.reach(SIDECAR_UID, fake.url + "/v1/balance") == (0, "401"), fake.url
+        # ... and not for the agent's, even ignoring its proxy variables: refused by the
+        # kernel (curl's 7: could not connect).
+        for fake in (remote, remote6):
+            assert pod.reach(AGENT_UID, fake.url + "/v1/balance") == (7, "000"), fake.url
         assert pod.agent(remote.url, 500, "--noproxy", "*") == (7, "000"), "reached the remote"
-        assert refunds(remote) == 0
+        assert refunds(remote) == 0 and remote6.requests == [("GET", "/v1/balance")]
         # The same request through the sidecar is guarded: allowed, then denied by policy.
         via = ("--proxy", f"http://127.0.0.1:{PROXY_PORT}")
         assert pod.agent(remote.url, 500, *via) == (0, "200")
@@ -268,3 +314,22 @@ def test_transparent_mode_guards_a_client_that_knows_nothing_of_proxies(
     receipts = sidecar.receipts()
     assert sorted(str(r["result"]) for r in receipts) == ["committed", "denied"], receipts
     assert {str(r["action"]) for r in receipts} == {"stripe.refund"}
+
+
+def test_transparent_mode_intercepts_tls_and_refuses_what_it_cannot_redirect(
+    pod: Pod, remote_tls: FakeStripe, remote6: FakeStripe
+) -> None:
+    pod.egress("transparent")
+    sidecar = Sidecar(pod, remote_tls, "transparent")
+    try:
+        # HTTPS straight to the remote's address: the agent trusts only the proxy's CA.
+        assert pod.agent(remote_tls.url, 700, "--noproxy", "*") == (0, "200")
+        assert pod.agent(remote_tls.url, 700, "--noproxy", "*") == (0, "409 duplicate")
+        assert pod.agent(remote_tls.url, 50_000, "--noproxy", "*") == (0, "403 denied")
+        # IPv6 is not redirected: refused outright.
+        assert pod.reach(AGENT_UID, remote6.url + "/v1/balance") == (7, "000")
+    finally:
+        sidecar.stop()
+    assert refunds(remote_tls) == 1 and remote6.requests == []
+    results = sorted(str(r["result"]) for r in sidecar.receipts())
+    assert results == ["blocked", "committed", "denied"], results
