@@ -57,6 +57,7 @@ class CtrlrunAddon:
         self.by_name = {u.name: u for u in upstreams}
         self.reverse_specs = reverse_specs  # mode spec -> upstream name
         self.auth: dict[str, str] = {}  # client connection id -> Proxy-Authorization
+        self.tunnels: dict[str, str] = {}  # client connection id -> the host its CONNECT named
         self.mcp = McpGate(guard)
         self.tokens = UpstreamTokens(upstreams)
         self.flow_auth: weakref.WeakKeyDictionary[http.HTTPFlow, str] = weakref.WeakKeyDictionary()
@@ -76,15 +77,16 @@ class CtrlrunAddon:
             return
         if passage.refusal is not None:
             _refuse(flow, passage, "http")
-        elif passage.upstream is not None:
-            # Known by the upstream's own name from here on: the tunnel is intercepted, and
-            # its requests are that upstream's whatever the CONNECT spelt.
-            req.data.host = passage.upstream.host
-        elif passage.dial is not None:
-            req.data.host = passage.dial
+            return
+        self.tunnels[flow.client_conn.id] = req.host
+        if passage.upstream is None and passage.dial is not None:
+            req.data.host = passage.dial  # pinned: the address just checked, not a new lookup
+        # A tunnel to an upstream keeps the CONNECT's host (the client checks the
+        # certificate against it); the recogniser knows it, so the tunnel is intercepted.
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.auth.pop(client.id, None)
+        self.tunnels.pop(client.id, None)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         self._take_auth(flow)
@@ -205,6 +207,7 @@ class CtrlrunAddon:
             req.path,
             [n for n in names if n],
             self._principal(flow),
+            self.tunnels.get(flow.client_conn.id),
         )
         passage = await self.gate.passage(asked)
         if passage.refusal is not None:

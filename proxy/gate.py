@@ -52,6 +52,7 @@ class Asked:
     path: str = ""
     names: Sequence[str] = ()  # the Host header's host and the SNI, as the client sent them
     principal: Principal | None = None
+    egress_host: str | None = None  # the host egress judges (a tunnel's: its CONNECT's)
 
 
 class Gate:
@@ -80,9 +81,9 @@ class Gate:
                 return await self._refuse(asked, dest, "destination_mismatch", line)
         if dest.upstream is not None:
             return Passage(upstream=dest.upstream)
-        egress = self.egress()
-        if not egress.allows(asked.host):
-            line = egress.refusal_line(asked.host, asked.port)
+        egress, host = self.egress(), asked.egress_host or asked.host
+        if not egress.allows(host):
+            line = egress.refusal_line(host, asked.port)
             return await self._refuse(asked, dest, "egress_denied", line)
         return Passage(dial=dest.dial)
 

@@ -100,21 +100,27 @@ class Recognizer:
         self._cache: dict[str, tuple[float, tuple[str, ...], tuple[str, ...]]] = {}
         self._pending: dict[str, asyncio.Future[tuple[str, ...]]] = {}
         self._unresolved: set[str] = set()
+        # Names seen to reach an upstream stay that upstream for ``known`` (bounded): a
+        # tunnel opened to one must not become unguarded when its cache entry expires.
+        self._learned: dict[tuple[str, int], Upstream] = {}
 
-    def names_upstream(self, host: str) -> bool:
-        """Whether ``host`` (an SNI or a Host header's host) spells an upstream (never waits)."""
+    def names_upstream(self, host: str, port: int) -> bool:
+        """Whether ``host`` (an SNI or a Host header's host) names an upstream at ``port``,
+        from what is already resolved (never waits)."""
         name = normalize(host)
-        if name in self._hosts:
+        if (name, port) in self._names or (name, port) in self._learned:
             return True
-        found = literal(name) or None
-        cached = (found,) if found else self._cached(name)
-        return any(self._mine[u.name].intersection(cached or ()) for u in self.upstreams)
+        address = literal(name)
+        cached = (address,) if address else self._cached(name)
+        return bool(self._owners(cached or (), port))
 
     def known(self, host: str, port: int) -> Upstream | None:
         """The upstream ``host:port`` reaches, from what is already resolved (never waits)."""
         name = normalize(host)
         if (name, port) in self._names:
             return self._names[name, port]
+        if (name, port) in self._learned:
+            return self._learned[name, port]
         address = literal(name)
         owners = self._owners((address,) if address else self._cached(name) or (), port)
         return owners[0] if len(owners) == 1 else None
@@ -134,6 +140,8 @@ class Recognizer:
             listed = ", ".join(u.name for u in owners)
             return Destination(refused=f"{name}:{port} is the address of upstreams {listed}")
         if owners:
+            if len(self._learned) < MAX_CACHED:
+                self._learned[name, port] = owners[0]
             return Destination(upstream=owners[0])
         entry = self._cache.get(name)
         return Destination(dial=entry[2][0] if entry and entry[2] else None)

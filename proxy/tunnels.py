@@ -39,7 +39,7 @@ class GuardedNextLayer(NextLayer):
         hello = self._get_client_hello(context, data_client)  # NeedsMoreData: asked again
         names += [hello.sni if hello else None, context.client.sni]
         for name in names:
-            if name and self.recognizer.names_upstream(_host(str(name))):
+            if name and self.recognizer.names_upstream(_host(str(name)), int(port)):
                 return False  # intercepted, so the addon sees the mismatch and refuses it
         return True
 
