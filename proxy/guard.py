@@ -28,7 +28,7 @@ from ctrlrun.control import Control, Outcome
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import receipted, relay, replay, settle, unmapped
+from . import receipted, relay, replay, settle, stripe_payments, unmapped
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
@@ -99,6 +99,12 @@ class Guard:
         route, who = screened.route, screened.principal
         if isinstance(route, Unmapped):
             return await unmapped.forward(self, ctl, up, request, target, headers, who)
+        if up.profile == "stripe":
+            # Which payment a refund names, asked of Stripe when only its charge is given.
+            named = await stripe_payments.resolve(self.forwarder, up, request, route, ctl.policy)
+            if isinstance(named, Refusal):
+                return await self._receipted(up, request, route, named, who)
+            route = named
         prepared = prepare(up, request, route, who, ctl.policy, ctl.environment)
         if isinstance(prepared, Refusal):
             return await self._receipted(up, request, route, prepared, who)

@@ -24,6 +24,9 @@ FORM = "application/x-www-form-urlencoded"
 
 ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v1/refunds", "stripe.refund"),
+    # The legacy endpoints move money back too: one action, whichever path carries it.
+    ("POST", "/v1/charges/{charge}/refund", "stripe.refund"),
+    ("POST", "/v1/charges/{charge}/refunds", "stripe.refund"),
     ("POST", "/v1/payouts", "stripe.payout"),
     ("POST", "/v1/charges", "stripe.charge"),
     ("POST", "/v1/payment_intents/{payment_intent}/cancel", "stripe.cancel_payment_intent"),
@@ -96,7 +99,10 @@ def account(request: Request) -> str:
 
 def _add_payment_id(arguments: dict[str, Any]) -> None:
     # A refund names one of them in practice; a customer-balance refund names neither, and
-    # then an effect template that needs payment_id is refused where it is resolved.
+    # then an effect template that needs payment_id is refused where it is resolved. A charge
+    # alone is resolved to its payment intent before the key is (``stripe_payments``).
+    if "payment_intent" in arguments and "charge" in arguments:
+        raise BadInput("a refund names its payment_intent or its charge, not both")
     for source in ("payment_intent", "charge"):
         value = arguments.get(source)
         if isinstance(value, str) and value:

@@ -108,11 +108,6 @@ STRIPE_MAPPED = [
         "stripe.refund",
         {"charge": "ch_1", "payment_id": "ch_1"},
     ),
-    (
-        req("POST", "/v1/refunds", "charge=ch_1&payment_intent=pi_1", FORM),
-        "stripe.refund",
-        {"charge": "ch_1", "payment_intent": "pi_1", "payment_id": "pi_1"},
-    ),
     (  # a customer-balance refund names neither: no payment_id, the template decides
         req("POST", "/v1/refunds", "customer=cus_1&origin=customer_balance&amount=5", FORM),
         "stripe.refund",

@@ -92,3 +92,41 @@ def test_a_body_cannot_choose_what_ctrlrun_derives(field: str) -> None:
         STRIPE, Request("POST", "/v1/payouts", {}, FORM, f"amount=1&{field}".encode())
     )
     assert isinstance(got, Invalid) and "ctrlrun derives it" in got.reason
+
+
+# -- every path that refunds a payment maps to stripe.refund -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "arguments"),
+    [
+        ("/v1/refunds", b"payment_intent=pi_1&amount=5", {"payment_intent": "pi_1", "amount": 5}),
+        ("/v1/refunds", b"charge=ch_1&amount=5", {"charge": "ch_1", "amount": 5}),
+        ("/v1/charges/ch_1/refund", b"amount=5", {"charge": "ch_1", "amount": 5}),
+        ("/v1/charges/ch_1/refunds", b"amount=5", {"charge": "ch_1", "amount": 5}),
+        ("/v1/charges/ch_1/refunds", b"charge=ch_1", {"charge": "ch_1"}),
+        ("/v1/charges/ch_1/refund", b"", {"charge": "ch_1"}),
+        ("/v1/charges/py_1/refund/", b"", {"charge": "py_1"}),
+    ],
+)
+def test_every_refund_path_is_stripe_refund(
+    path: str, body: bytes, arguments: dict[str, object]
+) -> None:
+    got = map_request(STRIPE, Request("POST", path, {}, FORM, body))
+    payment = arguments.get("payment_intent", arguments.get("charge"))
+    assert got == Mapped("stripe.refund", arguments | {"account": "self", "payment_id": payment})
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/refunds", b"charge=ch_1&payment_intent=pi_1"),
+        ("/v1/charges/ch_1/refund", b"payment_intent=pi_2"),
+        ("/v1/charges/ch_1/refunds", b"charge=ch_2"),
+        ("/v1/charges/ch_1/refund?charge=ch_2", b""),
+    ],
+)
+def test_a_refund_naming_two_payments_is_refused(path: str, body: bytes) -> None:
+    target, _, query = path.partition("?")
+    params = {k: [v] for k, v in (p.split("=") for p in query.split("&") if p)}
+    assert isinstance(map_request(STRIPE, Request("POST", target, params, FORM, body)), Invalid)

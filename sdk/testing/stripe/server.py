@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl
 
 from ..messages import Request, Response
 from ..server import FakeServer
+from . import objects
 from .accounts import PLATFORM, Accounts
 from .idempotency import fingerprint, idempotency_key
 from .objects import API_VERSION
@@ -70,6 +71,16 @@ class FakeStripe(FakeServer):
                 id, amount, currency, status, metadata or {}, created
             )
             return copy.deepcopy(pi)
+
+    def add_charge(
+        self, amount: int = 10_000, *, currency: str = "usd", account: str | None = None
+    ) -> StripeObject:
+        """Seed a charge of its own (a legacy direct charge: no payment intent)."""
+        with self._lock:
+            state = self._accounts.get(account).state
+            charge = objects.charge(amount, currency, state.now())
+            state.charges[charge["id"]] = charge
+            return copy.deepcopy(charge)
 
     def add_account(self, id: str | None = None) -> str:
         """Connect an account that requests may name in ``Stripe-Account``; returns its id."""
