@@ -1,8 +1,15 @@
-"""SDK reconcile hooks: ``Callable[[effect_key], ReconcileOutcome]`` over the built-ins.
+"""SDK reconcile hooks over the built-ins, given the attempt's facts by the kernel.
 
-An SDK hook is given only the effect key, so each factory takes the effect template and reads
-the arguments back out of the key (:func:`parse_effect_key`); what the key does not carry
-comes from the factory's keyword arguments::
+Each factory returns an :class:`AttemptHook`. The kernel asks it with the attempt's
+:class:`~ctrlrun.reconcile.EffectFacts` (``reconcile_attempt``): the call's arguments, the
+attempt number (so the one ``ctrlrun.idempotency_token()`` the function was given), when it
+started and when it was recorded ambiguous, on the ledger's clock. It answers ``not_executed``
+only once the settle window is over (``settle`` after the attempt was recorded ambiguous: the
+remote may go on applying a request whose sender gave up). Arguments come from the effect key
+(the factory's effect template read backwards, :func:`parse_effect_key`), then the call's
+arguments, then the factory's keyword arguments. Called with a bare effect key, as any
+``Callable[[str], ReconcileOutcome]``, it knows no attempt: it reads the key alone and has no
+settle window::
 
     @ctrlrun.protect("refund", effect="refund:{payment_id}",
                      reconcile=stripe_refunds(api_key=KEY, amount=500))
@@ -16,26 +23,46 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
 from ctrlrun.action import utc_now
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.reconcile import ReconcileHook, ReconcileOutcome
+from ctrlrun.reconcile import EffectFacts, ReconcileOutcome
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
 
-from .http import DEFAULT_TIMEOUT
+from .http import DEFAULT_TIMEOUT, SETTLE_MARGIN
 from .kubernetes import KubernetesReconciler
 from .stripe import STRIPE_API, StripeReconciler
 
 log = logging.getLogger("ctrlrun.reconcilers")
 
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
-# The SDK hook does not know which attempt it is asked about; any of these attempts' tokens
-# (``ctrlrun.idempotency_token()``) found in Stripe's events identifies the effect.
+# Asked with a bare key, a hook does not know which attempt it is asked about; any of these
+# attempts' tokens (``ctrlrun.idempotency_token()``) found in Stripe's events identifies it.
 SDK_ATTEMPTS = 32
+SETTLE = timedelta(seconds=SETTLE_MARGIN)
+Answer = Callable[[str, EffectFacts | None], ReconcileOutcome]
+
+
+class AttemptHook:
+    """A reconcile hook that takes the attempt's facts, and still answers a bare effect key."""
+
+    def __init__(self, answer: Answer, name: str) -> None:
+        self._answer = answer
+        self.__name__ = self.__qualname__ = name
+
+    def __repr__(self) -> str:
+        return f"<ctrlrun reconcile hook {self.__name__}>"
+
+    def __call__(self, effect_key: str) -> ReconcileOutcome:
+        return self._answer(effect_key, None)
+
+    def reconcile_attempt(self, facts: EffectFacts) -> ReconcileOutcome:
+        """What happened to this attempt (the kernel's call)."""
+        return self._answer(facts.effect_key, facts)
 
 
 def parse_effect_key(
@@ -106,14 +133,16 @@ def stripe_refunds(
     started_within: timedelta = timedelta(hours=24),
     ca_file: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
-) -> ReconcileHook:
+    settle: timedelta = SETTLE,
+) -> AttemptHook:
     """A hook that asks Stripe whether the refund of an effect key happened.
 
     The key names the payment (``payment_id``, ``payment_intent`` or ``charge``) and maybe the
-    ``amount``; a refund counts if Stripe's events show it was made with one of this key's
-    ``ctrlrun.idempotency_token()`` values (pass that as the ``Idempotency-Key``), or if it is
-    the only refund of that payment (of that amount, when known) created within
-    ``started_within``. Against the fake Stripe that ships with ctrlrun:
+    ``amount``; a refund counts if Stripe's events show it was made with the attempt's
+    ``ctrlrun.idempotency_token()`` (pass that as the ``Idempotency-Key``), or if it is the only
+    refund of that payment (of that amount, when known) created since the attempt started
+    (asked with a bare key: within ``started_within``). Against the fake Stripe that ships with
+    ctrlrun:
 
     >>> from ctrlrun.testing import FakeStripe
     >>> with FakeStripe() as fake:
@@ -125,23 +154,31 @@ def stripe_refunds(
     not_executed committed
     """
     template = _template(effect, needs=(("payment_id", "payment_intent", "charge"),))
-    reconciler = StripeReconciler(base_url, api_key=api_key, ca_file=ca_file, timeout=timeout)
+    reconciler = StripeReconciler(
+        base_url, api_key=api_key, ca_file=ca_file, timeout=timeout, settle_margin=_seconds(settle)
+    )
     defaults = {} if amount is None else {"amount": amount}
 
-    def hook(effect_key: str) -> ReconcileOutcome:
-        args = _arguments(template, effect_key, defaults, ints=("amount",))
+    def answer(effect_key: str, facts: EffectFacts | None) -> ReconcileOutcome:
+        args = _arguments(template, effect_key, defaults, facts, ints=("amount",))
         if args is None:
             return "unknown"
-        tokens = [idempotency_token_for(effect_key, n) for n in range(1, SDK_ATTEMPTS + 1)]
+        if facts is None:
+            started = utc_now() - started_within
+            tokens = [idempotency_token_for(effect_key, n) for n in range(1, SDK_ATTEMPTS + 1)]
+        else:
+            started = facts.attempt_started_at
+            tokens = [idempotency_token_for(effect_key, facts.attempt)]
         return reconciler.answer(
             "stripe.refund",
             args,
-            started_at=utc_now() - started_within,
+            started_at=started,
             idempotency_keys=tokens,
             effect_key=effect_key,
+            facts=facts,
         )
 
-    return hook
+    return AttemptHook(answer, "stripe_refunds")
 
 
 def stripe_payment_intent_cancels(
@@ -151,7 +188,8 @@ def stripe_payment_intent_cancels(
     effect: str = "cancel:{payment_intent}",
     ca_file: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
-) -> ReconcileHook:
+    settle: timedelta = SETTLE,
+) -> AttemptHook:
     """A hook that asks Stripe whether the payment intent of an effect key is canceled.
 
     >>> from ctrlrun.testing import FakeStripe
@@ -162,17 +200,24 @@ def stripe_payment_intent_cancels(
     committed
     """
     template = _template(effect, needs=(("payment_intent", "payment_id"),))
-    reconciler = StripeReconciler(base_url, api_key=api_key, ca_file=ca_file, timeout=timeout)
+    reconciler = StripeReconciler(
+        base_url, api_key=api_key, ca_file=ca_file, timeout=timeout, settle_margin=_seconds(settle)
+    )
 
-    def hook(effect_key: str) -> ReconcileOutcome:
-        args = _arguments(template, effect_key, {})
+    def answer(effect_key: str, facts: EffectFacts | None) -> ReconcileOutcome:
+        args = _arguments(template, effect_key, {}, facts)
         if args is None:
             return "unknown"
+        started = utc_now() if facts is None else facts.attempt_started_at
         return reconciler.answer(
-            "stripe.cancel_payment_intent", args, started_at=utc_now(), effect_key=effect_key
+            "stripe.cancel_payment_intent",
+            args,
+            started_at=started,
+            effect_key=effect_key,
+            facts=facts,
         )
 
-    return hook
+    return AttemptHook(answer, "stripe_payment_intent_cancels")
 
 
 def kubernetes_scale(
@@ -183,7 +228,8 @@ def kubernetes_scale(
     effect: str = "scale:{cluster}:{deployment}:{replicas}",
     namespace: str = "default",
     timeout: float = DEFAULT_TIMEOUT,
-) -> ReconcileHook:
+    settle: timedelta = SETTLE,
+) -> AttemptHook:
     """A hook that asks the apiserver whether a deployment has the replicas of an effect key.
 
     >>> from ctrlrun.testing import FakeKubernetes
@@ -194,15 +240,18 @@ def kubernetes_scale(
     committed not_executed
     """
     template = _template(effect, needs=(("deployment",), ("replicas",)))
-    reconciler = KubernetesReconciler(server, token=token, ca_file=ca_file, timeout=timeout)
+    reconciler = KubernetesReconciler(
+        server, token=token, ca_file=ca_file, timeout=timeout, settle_margin=_seconds(settle)
+    )
 
-    def hook(effect_key: str) -> ReconcileOutcome:
-        args = _arguments(template, effect_key, {"namespace": namespace}, ints=("replicas",))
+    def answer(effect_key: str, facts: EffectFacts | None) -> ReconcileOutcome:
+        defaults = {"namespace": namespace}
+        args = _arguments(template, effect_key, defaults, facts, ints=("replicas",))
         if args is None:
             return "unknown"
-        return reconciler.answer("k8s.scale", args, effect_key=effect_key)
+        return reconciler.answer("k8s.scale", args, effect_key=effect_key, facts=facts)
 
-    return hook
+    return AttemptHook(answer, "kubernetes_scale")
 
 
 def kubernetes_deletes(
@@ -213,7 +262,8 @@ def kubernetes_deletes(
     effect: str = "delete:{cluster}:{namespace}:{deployment}",
     namespace: str = "default",
     timeout: float = DEFAULT_TIMEOUT,
-) -> ReconcileHook:
+    settle: timedelta = SETTLE,
+) -> AttemptHook:
     """A hook that asks the apiserver whether the object of an effect key is deleted.
 
     A template with ``{deployment}`` names a deployment (in ``{namespace}``, else
@@ -228,16 +278,18 @@ def kubernetes_deletes(
     """
     template = _template(effect, needs=(("deployment", "name"),))
     action = "k8s.delete_deployment" if "deployment" in template.names else "k8s.delete_namespace"
-    reconciler = KubernetesReconciler(server, token=token, ca_file=ca_file, timeout=timeout)
+    reconciler = KubernetesReconciler(
+        server, token=token, ca_file=ca_file, timeout=timeout, settle_margin=_seconds(settle)
+    )
     defaults = {"namespace": namespace} if action == "k8s.delete_deployment" else {}
 
-    def hook(effect_key: str) -> ReconcileOutcome:
-        args = _arguments(template, effect_key, defaults)
+    def answer(effect_key: str, facts: EffectFacts | None) -> ReconcileOutcome:
+        args = _arguments(template, effect_key, defaults, facts)
         if args is None:
             return "unknown"
-        return reconciler.answer(action, args, effect_key=effect_key)
+        return reconciler.answer(action, args, effect_key=effect_key, facts=facts)
 
-    return hook
+    return AttemptHook(answer, "kubernetes_deletes")
 
 
 def _template(text: str, *, needs: tuple[tuple[str, ...], ...]) -> Template:
@@ -258,11 +310,21 @@ def _arguments(
     template: Template,
     key: str,
     defaults: Mapping[str, Any],
+    facts: EffectFacts | None,
     *,
     ints: Collection[str] = (),
 ) -> dict[str, Any] | None:
+    """What the reconciler asks about: the key's values, over the call's arguments, over the
+    factory's keyword arguments."""
     parsed = parse_effect_key(template, key, ints=ints)
     if parsed is None:
         log.warning("effect key %r does not read back through %r", key, template.text)
         return None
-    return {**defaults, **parsed}
+    called = {} if facts is None else dict(facts.arguments)
+    return {**defaults, **called, **parsed}
+
+
+def _seconds(settle: timedelta) -> float:
+    if not isinstance(settle, timedelta) or settle < timedelta(0):
+        raise InvalidArgument("settle must be a timedelta of zero or more")
+    return settle.total_seconds()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import doctest
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,9 @@ import pytest
 
 import ctrlrun
 from ctrlrun import Control, DuplicateEffect, InvalidArgument, Policy, SQLiteStateStore
+from ctrlrun.context import idempotency_token_for
 from ctrlrun.ledger import get_effect
+from ctrlrun.reconcile import EffectFacts
 from ctrlrun.reconcilers import (
     kubernetes_deletes,
     kubernetes_scale,
@@ -193,3 +197,30 @@ def test_the_docstring_examples_run() -> None:
     result = doctest.testmod(factories)
     assert result.attempted >= 4
     assert result.failed == 0
+
+
+def test_the_kernel_gives_a_hook_the_attempts_facts(stripe_fake: FakeStripe) -> None:
+    """Asked with the attempt's facts, a hook reads the call's arguments, looks for that one
+    attempt's token, and says nothing is there only once its settle window is over."""
+    pi = stripe_fake.add_payment_intent(amount=5000)["id"]
+    key = f"refund:{pi}"
+    hook = stripe_refunds(api_key=KEY, base_url=stripe_fake.url, settle=timedelta(seconds=30))
+    now = datetime.now(UTC)
+    args = {"payment_id": pi, "amount": 500}
+    # It gave up 20 s ago: Stripe may still be working on it for 10 s more.
+    recent = EffectFacts(
+        key,
+        "refund",
+        args,
+        now - timedelta(seconds=60),
+        attempt=2,
+        ended_at=now - timedelta(seconds=20),
+    )
+    settled = replace(recent, ended_at=now - timedelta(seconds=40))
+    stripe_fake.add_refund(payment_intent=pi, amount=700)  # another amount: not this one
+    assert hook.reconcile_attempt(recent) == "unknown"
+    assert hook.reconcile_attempt(settled) == "not_executed"
+    token = idempotency_token_for(key, 2)
+    stripe_fake.add_refund(payment_intent=pi, amount=500, idempotency_key=token)
+    assert hook.reconcile_attempt(recent) == "committed"  # its own token: no window needed
+    assert hook(key) == "committed"  # a bare key still works (any attempt's token)

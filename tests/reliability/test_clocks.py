@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -159,3 +160,69 @@ def _reconcile_later(sc: Sidecar, key: str, *, seconds: float) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+SDK_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sdk_stripe_refunds_eager_after_a_client_timeout_refunds_once(tmp_path: Path) -> None:
+    """Finding 2: the README's ``stripe_refunds(...)`` with ``reconcile_eagerly=True``, and a
+    client that gives up (1 s) while Stripe is still working (3 s). Asked at once, Stripe has
+    no refund yet: answered not_executed, the record went failed and the caller's retry
+    refunded again. The hook now gets the attempt's facts and waits out its settle window."""
+    import ctrlrun
+    from ctrlrun.reconcilers import stripe_refunds
+
+    store = ctrlrun.SQLiteStateStore(tmp_path / "state.db")
+    control = ctrlrun.Control(ctrlrun.Policy.from_yaml(SDK_POLICY), store)
+    with FakeStripe() as fake:
+        pi = fake.add_payment_intent(amount=5000)["id"]
+        impatient = stripe.StripeClient(
+            STRIPE_KEY,
+            base_addresses={"api": fake.url},
+            max_network_retries=0,
+            http_client=stripe.RequestsClient(timeout=1),
+        )
+
+        @ctrlrun.protect(
+            "stripe.refund",
+            effect="refund:{payment_id}",
+            reconcile=stripe_refunds(api_key=STRIPE_KEY, base_url=fake.url),
+            reconcile_eagerly=True,
+            control=control,
+        )
+        def refund(payment_id: str, amount: int) -> str:
+            params: Any = {"payment_intent": payment_id, "amount": amount}
+            options: Any = {"idempotency_key": ctrlrun.idempotency_token()}
+            return str(impatient.v1.refunds.create(params=params, options=options).id)
+
+        def call() -> str:
+            try:
+                refund(pi, 500)
+            except ctrlrun.CTRLRunError as exc:
+                return type(exc).__name__
+            except stripe.StripeError as exc:
+                return type(exc).__name__
+            return "ok"
+
+        fake.delay_next(3)
+        applied_by = time.monotonic() + 3.5  # when Stripe has finished the slow refund
+        with ctrlrun.context(agent="refund-bot"):
+            answers = [call(), call()]  # the timeout, then the caller's retry at once
+            wait_for(lambda: time.monotonic() > applied_by and len(fake.refunds) >= 1)
+            answers.append(call())  # once Stripe has it: the retry's own ask finds it
+        refunds = len(fake.refunds)
+        with store.reading() as conn:
+            record = ledger.get_effect(conn, f"refund:{pi}")
+    store.close()
+    print(f"sdk eager, client timeout 1 s < Stripe 3 s: refunds={refunds} answers={answers}")
+    assert refunds == 1
+    assert answers == ["APIConnectionError", "AmbiguousEffect", "DuplicateEffect"]
+    assert record is not None and record.state.value == "committed"
