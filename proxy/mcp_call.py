@@ -105,6 +105,10 @@ class CallGuard:
             return self.refused(request, call, refusal)
         ctl = self.guard.control()
         if tool is None:
+            near = near_miss(call.name, up.mcp.tools)
+            if near is not None and up.mcp.unmapped_tools == "allow":
+                reason = f"tool {call.name!r} is spelt like {near!r}, which the map decides"
+                return self.refused(request, call, Refusal("invalid_request", reason, reason))
             return await self._unmapped(ctl, up, request, call, send, principal)
         if tool.action is None:
             reply = await send()
@@ -249,6 +253,16 @@ class _Send:
         return await self.guard.forwarder.send(
             self.up, "POST", self.target, self.headers, self.body
         )
+
+
+def near_miss(name: str, tools: Mapping[str, McpTool]) -> str | None:
+    """A mapped tool whose name ``name`` differs from only in case, spaces, '-' or '.': a
+    server that matches names loosely would run it unmapped (under ``unmapped_tools: allow``)."""
+
+    def loose(text: str) -> str:
+        return "".join(c for c in text.casefold() if c.isalnum())
+
+    return next((t for t in tools if t != name and loose(t) == loose(name)), None)
 
 
 def derived(up: Upstream, request: Request) -> dict[str, Any]:

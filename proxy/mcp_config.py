@@ -151,8 +151,7 @@ def _arguments(value: Any, where: Where) -> tuple[tuple[str, str], ...]:
         ]
     else:
         raise where.error(f"must be a list of names or a mapping of renames, got {show(value)}")
-    sources = [source for _, source in pairs]
-    for source in sources:
-        if sources.count(source) > 1:
-            raise where.error(f"tool argument {source!r} is named twice")
+    for pair in pairs:
+        if pairs.count(pair) > 1:  # a mapping's keys are unique; a list's names need not be
+            raise where.error(f"tool argument {pair[1]!r} is named twice")
     return tuple((a, b) for a, b in pairs)

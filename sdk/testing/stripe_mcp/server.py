@@ -221,11 +221,6 @@ def _add_tools(server: FastMCP, fake: FakeStripeMcp) -> None:
         return fake.rest(ctx, "GET", "/v1/refunds", payment_intent=payment_intent)
 
     @server.tool()
-    def list_payment_intents(ctx: Context[Any, Any, Any]) -> str:
-        """List payment intents."""
-        return fake.rest(ctx, "GET", "/v1/payment_intents")
-
-    @server.tool()
     async def retrieve_balance(ctx: Context[Any, Any, Any]) -> str:
         """The account's balance; also says so on the session's GET stream."""
         await ctx.session.send_log_message("info", "balance retrieved")  # to the GET stream
