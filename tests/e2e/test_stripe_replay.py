@@ -116,6 +116,13 @@ def test_a_retry_stopped_before_stripes_idempotency_layer_proves_nothing(
     assert f"HTTP {status}" in str(err)
     assert_still_ambiguous(plain, fake, pi)
 
+    # Until a human (or a reconciler) settles it.
+    key = f"refund:{pi}"
+    settled = plain.cli("resolve", key, "--committed", "--store-url", plain.store_url)
+    assert settled.returncode == 0, settled.stderr
+    after = refused(lambda: refund(stripe_client(plain.stripe_base), pi))
+    assert outcome(after) == "duplicate" and refunds_of(fake, pi) == 1
+
 
 def test_idempotency_error_for_a_differently_encoded_body_proves_nothing(
     plain: Sidecar, fake: FakeStripe
