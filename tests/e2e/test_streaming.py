@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import kubernetes.client
 import kubernetes.watch
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, start_sidecar
 from test_kubectl import KUBECONFIG, kubectl
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -167,3 +168,31 @@ def test_a_body_is_relayed_as_it_arrives(tmp_path: Path, framing: str, guarded: 
     trickle.thread.join(15)
     assert b"first" in got and b"second" in got
     assert trickle.released_by_client is True  # the first part reached the client on its own
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_rollout_status_returns_when_the_rollout_ends(
+    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    _, kube = fakes
+    kube.hold_rollout("default", "checkout")
+    home = tmp_path / "home"
+    home.mkdir()
+    config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
+    (home / "kubeconfig").write_text(config)
+    assert KUBECTL is not None
+    env = clean_env(HOME=str(home), KUBECONFIG=str(home / "kubeconfig"))
+    argv = [KUBECTL, "rollout", "status", "deployment/checkout", "--timeout=60s"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as waiting:
+        try:
+            time.sleep(1.5)  # long enough for it to be waiting on its watch
+            assert waiting.poll() is None, "rollout status returned before the rollout ended"
+            finished = time.monotonic()
+            kube.finish_rollout("default", "checkout")
+            out, _ = waiting.communicate(timeout=30)
+            elapsed = time.monotonic() - finished
+        finally:
+            waiting.kill()
+    assert waiting.returncode == 0
+    assert 'deployment "checkout" successfully rolled out' in out
+    assert elapsed < 2  # the watch event came through; buffered, it would wait up to 60 s

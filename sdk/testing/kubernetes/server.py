@@ -19,7 +19,7 @@ from ..messages import Request, Response
 from ..server import FakeServer
 from .api import KubeApi
 from .errors import ApiError
-from .objects import Obj, status
+from .objects import Obj, converge, status
 from .pods import Session
 from .routes import dry_run_of
 from .state import KubeState
@@ -95,6 +95,20 @@ class FakeKubernetes(FakeServer):
             new = copy.deepcopy(old)
             new["spec"]["replicas"] = replicas
             return copy.deepcopy(self._state.update_deployment(old, new, dry_run=False))
+
+    def hold_rollout(self, namespace: str = "default", name: str = "checkout") -> None:
+        """Leave the deployment's replicas not yet updated (a rollout in progress, which
+        ``kubectl rollout status`` waits on) until ``finish_rollout``."""
+        with self._lock:
+            obj = _found(lambda: self._state.deployment(namespace, name))
+            obj["status"]["updatedReplicas"] = 0
+            obj["metadata"]["resourceVersion"] = str(self._state.next_rv())
+
+    def finish_rollout(self, namespace: str = "default", name: str = "checkout") -> None:
+        """What the deployment controller does at the end of a rollout: status catches up."""
+        with self._lock:
+            obj = converge(_found(lambda: self._state.deployment(namespace, name)))
+            obj["metadata"]["resourceVersion"] = str(self._state.next_rv())
 
     def add_pod(
         self,
