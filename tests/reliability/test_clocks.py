@@ -21,7 +21,7 @@ from e2e.harness import STRIPE_KEY, Sidecar, clean_env
 
 from ctrlrun import ledger
 from ctrlrun.store import open_store
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes, FakeServer, FakeStripe, Request, Response
 
 SCALE = "/apis/apps/v1/namespaces/default/deployments/web/scale"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -226,3 +226,110 @@ def test_sdk_stripe_refunds_eager_after_a_client_timeout_refunds_once(tmp_path: 
     assert refunds == 1
     assert answers == ["APIConnectionError", "AmbiguousEffect", "DuplicateEffect"]
     assert record is not None and record.state.value == "committed"
+
+
+class FakeBilling(FakeServer):
+    """An invoice API: ``POST /v1/invoices/{id}/send`` sends it, ``GET`` reads it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invoices: dict[str, dict[str, str]] = {"in_1": {"id": "in_1", "status": "draft"}}
+
+    def handle(self, request: Request) -> Response:
+        parts = request.path.strip("/").split("/")  # v1 invoices ID [send]
+        invoice = self.invoices.get(parts[2]) if len(parts) >= 3 else None
+        if invoice is None:
+            return Response.json(404, {"error": "no such invoice"})
+        if request.method == "POST" and parts[3:] == ["send"]:
+            invoice["status"] = "sent"
+            self._applied()
+        return Response.json(200, invoice)
+
+    def error_response(
+        self, request: Request, status: int, *, applied: Response | None
+    ) -> Response:
+        return Response.json(status, {"error": f"injected {status}"})
+
+
+BILLING_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.send_invoice:
+    effect: "send:{{invoice_id}}"
+    decision: allow
+upstreams:
+  billing:
+    profile: http
+    url: %s
+    listen: 127.0.0.1:{stripe_port}
+    timeout: {timeout}
+    routes:
+      - method: POST
+        path: /v1/invoices/{{invoice_id}}/send
+        action: billing.send_invoice
+        reconcile:
+          get: /v1/invoices/{{invoice_id}}
+          committed: {{status: sent}}
+          not_executed: {{status: draft}}
+"""
+
+
+def _slow_write_twice(
+    send: Callable[[], httpx.Response], slow: Callable[[float], None], applied: Callable[[], int]
+) -> tuple[list[str], int]:
+    """The remote takes 3 s on the first write; the proxy gives up after 1 s; the agent
+    retries at once. Returns what the agent was told and how many writes the remote applied."""
+    slow(3)
+    applied_by = time.monotonic() + 3.5
+    answers = []
+    for _ in range(2):
+        r = send()
+        answers.append(r.headers.get("x-ctrlrun-outcome", str(r.status_code)))
+    wait_for(lambda: time.monotonic() > applied_by)
+    return answers, applied()
+
+
+@pytest.mark.timeout(120)
+def test_kubernetes_scale_in_flight_at_the_deadline_is_written_once(
+    fakes: tuple[FakeStripe, FakeKubernetes], sidecars: Callable[..., Sidecar]
+) -> None:
+    """Finding 3: a scale still being applied when the proxy's deadline fires. Asked at once,
+    the apiserver still says 3 replicas: answered not_executed, the retry was forwarded, and
+    the cluster applied two writes. Inside the settle window the answer is unknown."""
+    fake, kube = fakes
+    kube.add_deployment("default", "web", replicas=3)
+    sc = sidecars(fake, kube, timeout=1)
+    with httpx.Client(base_url=sc.kube_base, timeout=30, trust_env=False) as agent:
+        answers, writes = _slow_write_twice(
+            lambda: agent.patch(SCALE, content=b'{"spec":{"replicas":6}}', headers=MERGE),
+            kube.delay_next,
+            lambda: kube.writes_applied,
+        )
+    key_state = sc.effect_state("scale:prod-eu:web:6")
+    print(f"kubernetes slow scale: writes={writes} answers={answers} state={key_state}")
+    assert writes == 1
+    assert answers == ["upstream_ambiguous", "ambiguous"]
+    assert key_state == "ambiguous"  # until the window is over and it is asked again
+
+
+@pytest.mark.timeout(120)
+def test_declarative_write_in_flight_at_the_deadline_is_written_once(
+    fakes: tuple[FakeStripe, FakeKubernetes], sidecars: Callable[..., Sidecar]
+) -> None:
+    """Finding 3, for a ``profile: http`` route with a declarative reconciler: the invoice
+    still reads ``draft`` while its send is being applied."""
+    fake, kube = fakes
+    with FakeBilling() as billing:
+        policy = BILLING_POLICY % billing.url
+        sc = sidecars(fake, kube, timeout=1, policy_text=policy)
+        with httpx.Client(base_url=sc.stripe_base, timeout=30, trust_env=False) as agent:
+            answers, writes = _slow_write_twice(
+                lambda: agent.post("/v1/invoices/in_1/send"),
+                billing.delay_next,
+                lambda: billing.writes_applied,
+            )
+        key_state = sc.effect_state("send:in_1")
+    print(f"declarative slow send: writes={writes} answers={answers} state={key_state}")
+    assert writes == 1
+    assert answers == ["upstream_ambiguous", "ambiguous"]
+    assert key_state == "ambiguous"
