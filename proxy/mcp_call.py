@@ -31,7 +31,7 @@ from ctrlrun.errors import CTRLRunError, EffectKeyError, InvalidArgument
 from ctrlrun.events import EventType
 from ctrlrun.receipts import Receipt
 
-from . import replay, settle
+from . import replay, settle, stripe_payments
 from .classify import classify
 from .config import Upstream
 from .forward import Forwarded, forward_headers
@@ -146,6 +146,12 @@ class CallGuard:
             return Refusal("invalid_request", exc.reason, f"tool call refused: {exc.reason}")
         except InvalidArgument as exc:
             return refusal_for(exc, action=mapped.action)
+        if no_amount(ctl, action):
+            reason = (
+                "this refund names no amount, so Stripe would refund whatever remains, and "
+                "the policy decides refunds on their amount: name the amount"
+            )
+            return Refusal("invalid_request", "amount_required", reason, action=action.name)
         template = tool.effect or ctl.policy.effect_template(action.name)
         key = None
         if template is not None:
@@ -253,6 +259,15 @@ class _Send:
         return await self.guard.forwarder.send(
             self.up, "POST", self.target, self.headers, self.body
         )
+
+
+def no_amount(ctl: Control, action: Action) -> bool:
+    """A refund of whatever remains, where the policy decides refunds on their amount."""
+    return (
+        action.name == "stripe.refund"
+        and "amount" not in action.arguments
+        and stripe_payments.reads(ctl.policy, action.name, "amount")
+    )
 
 
 def near_miss(name: str, tools: Mapping[str, McpTool]) -> str | None:

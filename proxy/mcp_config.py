@@ -62,7 +62,15 @@ _PAYMENT_ID = ("payment_id", ("payment_intent", "charge"))
 STRIPE_TOOLS: Mapping[str, McpTool] = {
     tool.name: tool
     for tool in (
-        _write("create_refund", "stripe.refund", _PAYMENT_ID),
+        # Exactly the arguments Stripe's tool takes: a charge (another name of the payment)
+        # or any other field would be a refund the effect key does not name.
+        McpTool(
+            "create_refund",
+            "stripe.refund",
+            tuple((name, name) for name in ("payment_intent", "amount", "reason")),
+            None,
+            (_PAYMENT_ID,),
+        ),
         _write("create_payout", "stripe.payout"),
         _write("create_charge", "stripe.charge"),
         _write("cancel_payment_intent", "stripe.cancel_payment_intent"),

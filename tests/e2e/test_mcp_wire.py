@@ -195,3 +195,15 @@ def test_rest_then_mcp_and_mcp_then_rest_are_one_refund_each(
     err = refused(lambda: refund(client, second, 400))
     assert (err.json_body or {})["ctrlrun"]["outcome"] == "duplicate"
     assert sorted(r["payment_intent"] for r in stripe.refunds) == sorted([first, second])
+
+
+def test_a_refund_without_amount_is_refused_where_the_policy_reads_amount(
+    sc: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> None:
+    pi = fakes[0].add_payment_intent(amount=5000)["id"]
+    raw = Raw(mcp_server.url, sc.proxy_url)
+    raw.open()
+    got = raw.post(json.dumps(call(1, "create_refund", payment_intent=pi)).encode()).json()
+    block = got["result"]["_meta"]["com.ctrlrun/receipt"]
+    assert (block["outcome"], block["reason"]) == ("invalid_request", "amount_required")
+    assert fakes[0].refunds == []

@@ -25,6 +25,7 @@ def test_stripe_refund_is_the_rest_action_with_payment_id() -> None:
     mapped = map_call(REFUND, {"payment_intent": "pi_1", "amount": 500})
     assert mapped.action == "stripe.refund"
     assert mapped.arguments == {"payment_intent": "pi_1", "amount": 500, "payment_id": "pi_1"}
+    assert "payment_id" in map_call(REFUND, {"payment_intent": "pi_1"}).arguments
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,8 @@ def test_stripe_refund_is_the_rest_action_with_payment_id() -> None:
         {"payment_intent": "pi_1", "amount": -1},
         {"payment_intent": "pi_1", "amount": True},
         {"payment_intent": "pi_1\r\nX: y"},
+        {"payment_intent": "pi_1", "charge": "ch_1"},  # another name of the payment
+        {"payment_intent": "pi_1", "metadata": {"a": "b"}},  # not an argument of Stripe's tool
     ],
 )
 def test_refused_refund_arguments(arguments: dict[str, Any]) -> None:
@@ -45,8 +48,9 @@ def test_refused_refund_arguments(arguments: dict[str, Any]) -> None:
 def test_derived_arguments_cannot_be_given() -> None:
     mapped = map_call(REFUND, {"payment_intent": "pi_1"}, {"account": "acct_1"})
     assert mapped.arguments["account"] == "acct_1"
+    anything = McpTool("t", "a.b")
     with pytest.raises(BadInput, match="derives"):
-        map_call(REFUND, {"payment_intent": "pi_1", "account": "self"}, {"account": "acct_1"})
+        map_call(anything, {"account": "self"}, {"account": "acct_1"})
 
 
 def test_renamed_and_picked_arguments_refuse_any_other() -> None:
