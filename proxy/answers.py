@@ -17,6 +17,7 @@ from typing import Any
 # outcome: (stripe, kubernetes, http)
 STATUSES: dict[str, tuple[int, int, int]] = {
     "denied": (403, 403, 403),
+    "frozen": (403, 403, 403),
     "approval_required": (403, 403, 403),
     "approval_invalid": (403, 403, 403),
     "duplicate": (409, 403, 409),
@@ -111,6 +112,8 @@ def _message(
     hints = {
         "denied": "Nothing was forwarded; do not retry: ask an operator to change the policy "
         "if this action should be allowed",
+        "frozen": "Nothing was forwarded; do not retry until an operator lifts the freeze "
+        "('ctrlrun unfreeze')",
         "approval_required": f"A human must approve it: run 'ctrlrun approve {approval}'; then "
         + (
             "re-send the identical request, once (no header needed; a changed request is a "

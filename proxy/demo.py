@@ -214,7 +214,7 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             r = agent.post(f"{stripe_base}/v1/refunds", headers=auth, data=body)
             request_id = r.json()["ctrlrun"].get("request_id", "")
             say(f"   agent asks for 250.00 -> {outcome(r)}: a human must approve {request_id}")
-            approved = _cli(workdir, "approve", request_id)
+            approved = _cli(workdir, "approve", request_id, "--as", "operator")
             said = approved.stdout.splitlines()[0] if approved.stdout else approved.stderr.strip()
             say(f"   operator runs 'ctrlrun approve {request_id}': {said}")
             changed = agent.post(

@@ -4,6 +4,7 @@ Every exception that stops a protected request before it is forwarded becomes a
 :class:`Refusal`; its status follows from the outcome and the upstream's profile
 (``answers.STATUSES``)::
 
+    ActionFrozen          frozen                        frozen   (the kill switch)
     ActionDenied          denied                        .reason
       reason approval_denied  approval_invalid          (a presented approval a human denied)
     ApprovalRequired      approval_required             .request_id
@@ -28,6 +29,7 @@ from typing import Any
 
 from ctrlrun.errors import (
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -95,6 +97,7 @@ def _duplicate(exc: DuplicateEffect, approval: str | None) -> tuple[str, str, st
 
 
 REFUSALS: dict[type[BaseException], Row] = {
+    ActionFrozen: _fixed("frozen", "frozen"),
     ActionDenied: _denied,
     ApprovalRequired: lambda exc, _: ("approval_required", "approval_required", exc.request_id),
     ApprovalMismatch: lambda exc, _: ("approval_invalid", exc.reason, exc.approval_id),

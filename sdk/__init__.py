@@ -11,6 +11,7 @@ from .context import context, idempotency_token, with_approval
 from .control import Control
 from .errors import (
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "ActionDenied",
+    "ActionFrozen",
     "AmbiguousEffect",
     "ApprovalMismatch",
     "ApprovalRequired",

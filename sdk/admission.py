@@ -8,8 +8,10 @@ writes, the events and the receipt that record it, and the refusal to raise once
 committed (those values live in ``plan.py``). ``writer.admit`` gathers the facts and
 applies the plan in one transaction.
 
-Verdicts (observe mode never refuses: it plans ``RESERVE`` or ``RUN`` with ``would_have``)::
+Verdicts (observe mode never refuses, but for a freeze: it plans ``RESERVE`` or ``RUN`` with
+``would_have``)::
 
+    FROZEN            an operator froze it (kill switch)   ACTION_DENIED, receipt blocked
     DENY              the policy says no                   ACTION_DENIED, receipt denied
     NEEDS_APPROVAL    approve, nothing presented           an approval request, no receipt
     APPROVAL_INVALID  the presented approval is unusable   receipt blocked (denied if denied)
@@ -24,10 +26,10 @@ The checks run in this order: decision, approval, record. So a refusal never con
 approval, and the plan made with ``record=None`` is final unless it inserts a new record:
 the writer inserts first and reads the record only when the insert finds the key taken.
 
-Upcoming inputs slot in as fields of ``Facts`` and a branch here, not as new parameters:
+New inputs slot in as fields of ``Facts`` and a branch here, not as new parameters: the
+freeze switch, ``Facts.frozen``, is checked before the decision, a refusal with outcome
+``frozen`` (receipt blocked) that needs no record, so the rule above still holds. Upcoming:
 
-- a freeze switch, ``Facts.frozen``: checked before the decision, a refusal with outcome
-  ``frozen`` (receipt blocked) that needs no record, so the rule above still holds;
 - a budget, ``Facts.budget`` (what remains, read in the same transaction): a ``RESERVE`` plan
   carries one more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is
   spent atomically with the reservation and a lost race re-plans;
@@ -77,6 +79,8 @@ class _Taken:
 def plan_admission(f: Facts) -> Plan:
     """What this attempt gets. Pure: the same facts always give the same plan."""
     head = () if f.announced else _announce(f)
+    if f.frozen is not None:  # the kill switch holds in observe mode too
+        return _frozen(f, head, f.frozen)
     decision, reason = f.evaluation.decision, f.evaluation.reason
     if f.mode == "observe":
         if decision is Decision.ALLOW:
@@ -143,6 +147,18 @@ def _announce(f: Facts) -> tuple[NewEvent, ...]:
 def _would_have(f: Facts, blocked: str) -> dict[str, str]:
     ev = f.evaluation
     return {"decision": ev.decision.value, "reason": ev.reason, "blocked_reason": blocked}
+
+
+def _frozen(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
+    a = f.action
+    data = {"reason": "frozen", "detail": why}
+    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
+    return Plan(
+        Verdict.FROZEN,
+        (*head, denied),
+        receipt=ReceiptSpec("blocked", why),
+        refusal=Refusal("frozen", "frozen", why, action_id=a.action_id),
+    )
 
 
 def _deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:

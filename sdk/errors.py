@@ -61,6 +61,22 @@ class ActionDenied(CTRLRunError):
         self.action_id = action_id
 
 
+class ActionFrozen(ActionDenied):
+    """An operator froze this action (``ctrlrun freeze``): nothing is done until it is lifted.
+
+    Its ``reason`` is ``frozen``; its message names who froze it and why.
+    """
+
+    def __init__(
+        self,
+        message: str = "frozen",
+        *,
+        action_id: str | None = None,
+        receipt_id: str | None = None,
+    ):
+        super().__init__("frozen", message, action_id=action_id, receipt_id=receipt_id)
+
+
 class ApprovalRequired(CTRLRunError):
     """The policy wants a human to approve this action first."""
 

@@ -19,6 +19,7 @@ from .action import Action
 from .approvals import DEFAULT_TTL, Approval
 from .errors import (
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -55,11 +56,13 @@ class Facts:
     idempotency_key: str | None = None  # stored with the attempt (what the proxy forwarded)
     upstream: str | None = None
     started_at: datetime | None = None  # when the call began (None: now)
+    frozen: str | None = None  # why the action is frozen (the kill switch), None: it is not
 
 
 class Verdict(StrEnum):
     """What admission decided (see the module docstring)."""
 
+    FROZEN = "frozen"
     DENY = "deny"
     NEEDS_APPROVAL = "needs_approval"
     APPROVAL_INVALID = "approval_invalid"
@@ -119,7 +122,9 @@ class MoveApproval:
 
 
 Write = InsertEffect | MoveEffect | InsertApproval | MoveApproval
-RefusalKind = Literal["denied", "approval_required", "approval_invalid", "duplicate", "ambiguous"]
+RefusalKind = Literal[
+    "frozen", "denied", "approval_required", "approval_invalid", "duplicate", "ambiguous"
+]
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,8 @@ class Refusal:
 
     def error(self, receipt_id: str | None = None) -> CTRLRunError:
         r, m, kw = self.reason, self.message, {"receipt_id": receipt_id}
+        if self.kind == "frozen":
+            return ActionFrozen(m or r, action_id=self.action_id, **kw)
         if self.kind == "denied":
             return ActionDenied(r, m, action_id=self.action_id, **kw)
         if self.kind == "approval_required":

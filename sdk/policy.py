@@ -36,6 +36,7 @@ from .action import canonical_bytes, sha256
 from .conditions import Condition, parse_conditions
 from .config import policy_path
 from .errors import PolicyError
+from .operators import OPERATORS
 from .policy_sections import Section, SectionContext
 from .templates import Template, TemplateSyntaxError, parse_template
 from .yamlstrict import (
@@ -66,9 +67,10 @@ TOP_KEYS = {
     "upstreams": SCHEMA_V2,  # the proxy's
     "agents": SCHEMA_V2,  # the proxy's
     "egress": SCHEMA_V2,  # the proxy's
+    "operators": SCHEMA_V2,  # the kernel's: who may approve, resolve, freeze (operators.py)
 }
 # Sections the kernel reads from every policy, whoever loads it.
-KERNEL_SECTIONS: tuple[Section[Any], ...] = ()
+KERNEL_SECTIONS: tuple[Section[Any], ...] = (OPERATORS,)
 ACTION_KEYS = {
     "decision": SCHEMA_V1,
     "rules": SCHEMA_V1,

@@ -109,4 +109,14 @@ approvals = Table(
 )
 Index("approvals_by_status", approvals.c.status)
 
+# The kill switch (revision 0013): one row per frozen scope, "*" for every action.
+freezes = Table(
+    "freezes",
+    metadata,
+    Column("scope", String(200), primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("frozen_by", String, nullable=False),
+    Column("frozen_at", String(32), nullable=False),
+)
+
 GENESIS_HASH = "sha256:" + "00" * 32

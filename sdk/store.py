@@ -26,12 +26,13 @@ from .clocks import Clock, LedgerClock, Skew, utc_now
 from .config import clock_skew_bound, store_url
 from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
+from .freeze import FreezeCache
 from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0004"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004")
+HEAD_REVISION = "0013"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 
@@ -50,6 +51,7 @@ class StateStore:
         # The ledger's clock, that every decision about its records is judged on: on one host
         # the local clock (``PostgresStateStore`` replaces it with the database's).
         self.clock: Clock = utc_now
+        self.freezes = FreezeCache()  # this process's view of the kill switch (freeze.py)
         self._closed = False
         try:
             self._open(create)

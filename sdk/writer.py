@@ -21,6 +21,7 @@ from .action import iso
 from .admission import attempt_of, plan_admission, wants_approval_row, wants_standing_approval
 from .attempt import Attempt, attempt_receipt
 from .errors import AmbiguousEffect
+from .freeze import FreezeCache
 from .plan import (
     Facts,
     InsertApproval,
@@ -55,14 +56,20 @@ def admit(store: StateStore, facts: Facts) -> Admitted:
     for _ in range(MAX_TRIES):
         try:
             with store.transaction() as conn:
-                return admit_on(conn, facts)
+                return admit_on(conn, facts, store.freezes)
         except LostRace:
             log.debug("lost a race on %s; planning again", facts.effect_key)
     raise AmbiguousEffect(facts.effect_key or "", "the effect record kept moving; try again later")
 
 
-def admit_on(conn: Connection, facts: Facts) -> Admitted:
-    """Plan and write on an open transaction (the caller commits, or rolls back on LostRace)."""
+def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None) -> Admitted:
+    """Plan and write on an open transaction (the caller commits, or rolls back on LostRace).
+
+    ``freezes`` is the process's view of the kill switch; without one the table is read.
+    """
+    frozen = (freezes or FreezeCache(ttl=0)).active(conn, facts.action.name)
+    if frozen is not None:
+        facts = replace(facts, frozen=frozen.message)
     if facts.approval_id is not None and wants_approval_row(facts):
         facts = replace(facts, approval=ledger.approval_row(conn, facts.approval_id))
     elif facts.resend and wants_standing_approval(facts):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from . import approvals, effects, policy, proxy, receipts
+from . import approvals, effects, operators, policy, proxy, receipts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -38,6 +38,9 @@ COMMANDS = (
     approvals.approvals,
     approvals.approve,
     approvals.deny,
+    operators.freeze,
+    operators.unfreeze,
+    operators.freezes,
     proxy.proxy,
     proxy.demo,
 )

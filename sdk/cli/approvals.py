@@ -8,7 +8,7 @@ import click
 
 from ctrlrun.errors import ApprovalMismatch
 
-from .common import errors, fail, json_option, reader, say, store_option
+from .common import errors, fail, json_option, operator, operator_option, reader, say, store_option
 
 
 @click.command()
@@ -42,44 +42,48 @@ def approvals(as_json: bool, store_url: str | None) -> None:
             f"{row['approval_id']}  {action['name']}  "
             f"{json.dumps(action['arguments'], sort_keys=True)}"
             f"  agent {action['principal']['agent']}  expires {row['expires_at']}"
+            + (f"  approved by {row['approver']}" if row.get("approver") else "")
         )
 
 
-def _answer(request_id: str, grant: bool, store_url: str | None) -> None:
+def _answer(request_id: str, grant: bool, as_name: str | None, store_url: str | None) -> None:
     from ctrlrun.approvals import answer
 
+    who = operator(as_name)
     store = reader(store_url)
     try:
         with store.transaction() as conn:
-            row = answer(conn, request_id, grant=grant, approver="cli:local", now=store.clock())
+            row = answer(conn, request_id, grant=grant, approver=who, now=store.clock())
     except ApprovalMismatch as exc:
         fail(str(exc), 1)
     if grant:
-        click.echo(f"granted {request_id} for {row['action_hash']}")
+        click.echo(f"granted {request_id} for {row['action_hash']} by {who}")
         click.echo(f"expires {row['expires_at']}")
     else:
-        click.echo(f"denied {request_id}")
+        click.echo(f"denied {request_id} by {who}")
 
 
 @click.command()
 @click.argument("request_id")
+@operator_option
 @store_option
 @errors
-def approve(request_id: str, store_url: str | None) -> None:
+def approve(request_id: str, as_name: str | None, store_url: str | None) -> None:
     """Grant a pending approval request (single use, for exactly that action).
 
     Example: ctrlrun approve apr_0123456789abcdef0123456789abcdef
     """
-    _answer(request_id, True, store_url)
+    _answer(request_id, True, as_name, store_url)
 
 
 @click.command()
 @click.argument("request_id")
+@operator_option
 @store_option
 @errors
-def deny(request_id: str, store_url: str | None) -> None:
+def deny(request_id: str, as_name: str | None, store_url: str | None) -> None:
     """Deny a pending approval request; presenting it later is recorded as denied.
 
     Example: ctrlrun deny apr_0123456789abcdef0123456789abcdef
     """
-    _answer(request_id, False, store_url)
+    _answer(request_id, False, as_name, store_url)

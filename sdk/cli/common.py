@@ -54,3 +54,23 @@ def say(text: str, *, as_json: bool) -> None:
     """A sentence for people: JSON output carries JSON lines only, so it is left out there."""
     if not as_json:
         click.echo(text)
+
+
+operator_option = click.option(
+    "--as",
+    "as_name",
+    metavar="NAME",
+    help="Who is acting, as recorded (default: the OS user). With `operators:` in the policy, "
+    "one of them.",
+)
+
+
+def operator(as_name: str | None, policy_file: str | None = None) -> str:
+    """The operator acting: ``--as`` or the OS user, checked against the policy's list."""
+    from ctrlrun.config import policy_path
+    from ctrlrun.operators import OPERATORS, operator_name
+    from ctrlrun.policy import Policy
+
+    path = policy_path(policy_file)
+    operators = Policy.from_file(path).section(OPERATORS) if path.is_file() else {}
+    return operator_name(as_name, operators)

@@ -11,7 +11,7 @@ from ctrlrun import checks, views
 from ctrlrun.errors import EffectKeyError
 from ctrlrun.states import EffectState
 
-from .common import errors, fail, json_option, reader, say, store_option
+from .common import errors, fail, json_option, operator, operator_option, reader, say, store_option
 
 DEFAULT_LIMIT = 100
 
@@ -77,9 +77,12 @@ def effects(
 @click.argument("effect_key")
 @click.option("--committed", is_flag=True, help="The remote did it.")
 @click.option("--failed", is_flag=True, help="The remote did not; a retry is permitted.")
+@operator_option
 @store_option
 @errors
-def resolve(effect_key: str, committed: bool, failed: bool, store_url: str | None) -> None:
+def resolve(
+    effect_key: str, committed: bool, failed: bool, as_name: str | None, store_url: str | None
+) -> None:
     """Settle an AMBIGUOUS effect by hand, after checking the remote.
 
     \b
@@ -92,12 +95,13 @@ def resolve(effect_key: str, committed: bool, failed: bool, store_url: str | Non
     state = "committed" if committed else "failed"
     from ctrlrun.reconcile import Reconciler
 
+    who = operator(as_name)
     store = reader(store_url)
     try:
-        Reconciler(store, store.clock).resolve(effect_key, state, resolved_by="cli:local")
+        Reconciler(store, store.clock).resolve(effect_key, state, resolved_by=who)
     except EffectKeyError as exc:
         fail(str(exc), 1)
-    click.echo(f"{effect_key} resolved {state} by cli:local")
+    click.echo(f"{effect_key} resolved {state} by {who}")
     if state == "failed":
         click.echo("a retry of this effect is now permitted")
 

@@ -16,6 +16,7 @@ import ctrlrun.proxy
 import ctrlrun.reconcilers
 from ctrlrun.errors import (
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -54,6 +55,7 @@ def import_everything() -> None:
 # (exception, outcome, reason, request_id), one row per CTRLRunError there is.
 EXPECTED: list[tuple[CTRLRunError, str, str, str | None]] = [
     (ActionDenied("no_rule_matched"), "denied", "no_rule_matched", None),
+    (ActionFrozen("every action is frozen by alice: incident"), "frozen", "frozen", None),
     (ApprovalRequired("apr_1"), "approval_required", "approval_required", "apr_1"),
     (ApprovalMismatch("mismatch", approval_id="apr_2"), "approval_invalid", "mismatch", "apr_2"),
     (ApprovalTimeout("apr_3"), "approval_invalid", "approval_timeout", "apr_3"),

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from ctrlrun import (
     Action,
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -319,6 +320,28 @@ def test_an_unusable_approval_receipt_carries_the_refusal(why: str, message: str
         "reason": "mismatch" if why == "approval_invalid" else "approval_denied",
         "action_hash": ACTION.hash,
     }
+
+
+@given(
+    mode=st.sampled_from(MODES),
+    decision=st.sampled_from(DECISIONS),
+    record=st.sampled_from(RECORDS),
+    presented=st.booleans(),
+)
+def test_a_freeze_refuses_before_anything_else_and_writes_nothing(
+    mode: Any, decision: Any, record: Any, presented: bool
+) -> None:
+    s = Scenario(mode=mode, decision=decision, record=record, presented=presented)
+    plan = plan_admission(replace(facts(s), frozen="every action is frozen by alice: incident"))
+    assert plan.verdict is Verdict.FROZEN and plan.writes == ()  # no record, no approval spent
+    assert plan.refusal is not None and plan.refusal.kind == "frozen"
+    assert plan.receipt is not None and plan.receipt.result == "blocked"
+    assert plan.events[-1].data == {
+        "reason": "frozen",
+        "detail": "every action is frozen by alice: incident",
+    }
+    error = plan.refusal.error("ctr_1")
+    assert isinstance(error, ActionFrozen) and error.reason == "frozen"
 
 
 def test_an_approval_request_needs_its_id() -> None:

@@ -89,7 +89,8 @@ def test_cli_approve_then_runs_once_with_approval(
     assert receipts(store) == []  # nothing decided yet: no receipt while a human is asked
     assert status(store, request_id) == "pending"
 
-    ran = run_cli(["approve", request_id, "--store-url", f"sqlite:///{db_path}"], tmp_path)
+    url = f"sqlite:///{db_path}"
+    ran = run_cli(["approve", request_id, "--as", "alice", "--store-url", url], tmp_path)
     assert ran.code == 0, ran.err
     assert ran.out.startswith(f"granted {request_id} for sha256:")
 
@@ -98,7 +99,7 @@ def test_cli_approve_then_runs_once_with_approval(
     assert wire.runs == [("w1", 900)]
     (doc,) = receipts(store)
     assert doc["result"] == "committed" and doc["decision"] == "approve"
-    assert doc["approval_id"] == request_id and doc["approver"] == "cli:local"
+    assert doc["approval_id"] == request_id and doc["approver"] == "alice"
     assert status(store, request_id) == "consumed"
     types = [t for t, _ in events(store)]
     assert types.index("APPROVAL_GRANTED") < types.index("APPROVAL_CONSUMED")
@@ -183,8 +184,9 @@ def test_cli_deny_then_presenting_is_denied_with_receipt(
     wire: Wire, store: SQLiteStateStore, db_path: Path, tmp_path: Path
 ) -> None:
     request_id = request(wire, "w1", 900)
-    ran = run_cli(["deny", request_id, "--store-url", f"sqlite:///{db_path}"], tmp_path)
-    assert ran.code == 0 and ran.out.strip() == f"denied {request_id}"
+    url = f"sqlite:///{db_path}"
+    ran = run_cli(["deny", request_id, "--as", "carol", "--store-url", url], tmp_path)
+    assert ran.code == 0 and ran.out.strip() == f"denied {request_id} by carol"
     with context("bot"), with_approval(request_id), pytest.raises(ActionDenied) as info:
         wire("w1", 900)
     assert info.value.reason == "approval_denied"

@@ -229,10 +229,17 @@ def test_expected_errors(
 
 
 def test_resolve_committed(filled: dict[str, Any], tmp_path: Path) -> None:
-    ran = invoke(["resolve", "refund:lost", "--committed"], tmp_path)
-    assert ran.code == 0 and ran.out == "refund:lost resolved committed by cli:local\n"
+    ran = invoke(["resolve", "refund:lost", "--committed", "--as", "alice"], tmp_path)
+    assert ran.code == 0 and ran.out == "refund:lost resolved committed by alice\n"
     timeline = invoke(["receipts"], tmp_path).out
-    assert "EFFECT_RESOLVED  refund:lost  committed by cli:local" in timeline
+    assert "EFFECT_RESOLVED  refund:lost  committed by alice" in timeline
+
+
+def test_resolve_records_the_os_user_without_as(filled: dict[str, Any], tmp_path: Path) -> None:
+    import getpass
+
+    ran = invoke(["resolve", "refund:lost", "--committed"], tmp_path)
+    assert ran.code == 0 and ran.out == f"refund:lost resolved committed by {getpass.getuser()}\n"
 
 
 def test_store_from_environment(filled: dict[str, Any], db_path: Path, tmp_path: Path) -> None:

@@ -96,9 +96,11 @@ def test_sigkill_inside_executor_is_ambiguous_until_settled(
         if settle == "reconcile_not_executed":
             verdict[0] = "not_executed"
         else:
-            ran = run_cli(["resolve", "refund:p1", "--failed", "--store-url", url], tmp_path)
+            ran = run_cli(
+                ["resolve", "refund:p1", "--failed", "--as", "bob", "--store-url", url], tmp_path
+            )
             assert ran.code == 0, ran.err
-            assert "refund:p1 resolved failed by cli:local" in ran.out
+            assert "refund:p1 resolved failed by bob" in ran.out
         refund(payment_id="p1", amount=100)
 
     assert len(runs) == 1 and runs[0] != dead_token

@@ -17,6 +17,7 @@ import ctrlrun.store
 from ctrlrun import (
     Action,
     ActionDenied,
+    ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -46,6 +47,7 @@ BUILD: dict[type[CTRLRunError], Callable[..., CTRLRunError]] = {
     PolicyError: lambda **kw: PolicyError("x", **kw),
     EffectKeyError: lambda **kw: EffectKeyError("x", **kw),
     ActionDenied: lambda **kw: ActionDenied("decision", **kw),
+    ActionFrozen: lambda **kw: ActionFrozen("frozen by alice: incident", **kw),
     ApprovalRequired: lambda **kw: ApprovalRequired("apr_1", **kw),
     ApprovalMismatch: lambda **kw: ApprovalMismatch("consumed", **kw),
     ApprovalTimeout: lambda **kw: ApprovalTimeout("apr_1", **kw),

@@ -342,7 +342,21 @@ def test_the_proxy_sections_are_the_proxys_business(section: str) -> None:
     """Without the proxy's sections, the loader accepts them unread (tests/proxy checks them)."""
     policy = Policy.from_yaml(V2 + ALLOW + section)
     assert policy.evaluate("a", {}).decision == "allow"
-    assert dict(policy.sections) == {}
+    assert set(policy.sections) == {"operators"}  # the kernel's own, and only those
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("operators:\n  alice: {token: s3cret}\n", "token"),
+        ("operators:\n  alice: {token_env: 'not a name'}\n", "environment variable"),
+        ("operators:\n  'al ice': {token_env: A}\n", "operator name"),
+        ("operators: [alice]\n", "mapping"),
+    ],
+)
+def test_a_bad_operators_section_is_one_clear_error(section: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        Policy.from_yaml(V2 + ALLOW + section)
 
 
 @pytest.mark.parametrize(

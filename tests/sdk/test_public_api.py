@@ -14,6 +14,7 @@ import ctrlrun
 PINNED = [
     "Action",
     "ActionDenied",
+    "ActionFrozen",
     "AmbiguousEffect",
     "ApprovalMismatch",
     "ApprovalRequired",
