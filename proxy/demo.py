@@ -190,7 +190,9 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             say(f"   agent retries -> {outcome(r)} (HTTP {r.status_code}): refused, nobody knows")
             check(outcome(r) == "ambiguous", "scale retry inside the settle window")
             replicas = kube.replicas("default", "checkout")
-            resolved = _cli(workdir, "resolve", "scale:demo:checkout:6", "--failed")
+            resolved = _cli(
+                workdir, "resolve", "scale:demo:checkout:6", "--failed", "--as", "operator"
+            )
             said = resolved.stdout.splitlines()[0] if resolved.stdout else resolved.stderr.strip()
             say(f"   operator sees {replicas} replicas and runs 'ctrlrun resolve --failed': {said}")
             r = agent.patch(scale, headers=patch, content=b'{"spec":{"replicas":6}}')

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from ctrlrun.action import utc_now
-
 from .common import errors, json_option, operator, operator_option, reader, say, store_option
 
 _ACTION = click.option(
@@ -36,7 +34,7 @@ def freeze(action: str | None, reason: str, as_name: str | None, store_url: str 
     store = reader(store_url)
     with store.transaction() as conn:
         row, receipt = switch.freeze(
-            conn, action or switch.ALL, reason=reason, by=who, now=utc_now()
+            conn, action or switch.ALL, reason=reason, by=who, now=store.clock()
         )
     click.echo(f"frozen: {row.message}  (receipt {receipt.receipt_id})")
 

@@ -26,7 +26,7 @@ def test_demo_exits_zero_and_names_each_outcome(tmp_path: Path) -> None:
         "Stripe holds 1 refund(s)",
         "reconciler: unknown (the write may still land",
         "agent retries -> ambiguous (HTTP 403)",
-        "resolved failed by cli:local",
+        "resolved failed by operator",
         "the cluster runs checkout at 6",
         "denied (HTTP 403); the cluster saw 0 delete(s)",
         "approval_required",
