@@ -9,6 +9,7 @@ must stay ambiguous; read as "not executed", the next retry would refund a secon
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,28 @@ def test_a_replayed_refusal_settles_the_record_failed(plain: Sidecar, fake: Fake
 
     assert replayed.http_status == 400 and replayed.code == "amount_too_large"
     assert plain.effect_state(f"refund:{pi}") == "failed" and refunds_of(fake, pi) == 0
+
+
+def test_a_retry_while_stripe_still_runs_the_first_attempt_proves_nothing(
+    plain: Sidecar, fake: FakeStripe
+) -> None:
+    # The first attempt outlives the sidecar's deadline (5 s) at the fake, which keeps working
+    # on it; the same-key retry meanwhile is answered 409 idempotency_key_in_use.
+    pi = fake.add_payment_intent(amount=5000)["id"]
+    idem = f"busy-{pi}"
+    fake.delay_next(8)
+    client = stripe_client(plain.stripe_base, retries=0)
+    err = refused(lambda: refund(client, pi, idempotency_key=idem))
+    assert err.http_status == 504 and plain.effect_state(f"refund:{pi}") == "ambiguous"
+
+    busy = refused(lambda: refund(client, pi, idempotency_key=idem))
+
+    assert busy.http_status == 409 and ctrlrun_block(busy)["reason"] == "replay_inconclusive"
+    assert "HTTP 409" in str(busy) and "idempotency_key_in_use" in str(busy)
+    assert plain.effect_state(f"refund:{pi}") == "ambiguous"
+    deadline = time.monotonic() + 20
+    while refunds_of(fake, pi) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first attempt finishes at the fake
+    done = refund(client, pi, idempotency_key=idem)  # now Stripe replays its answer
+    assert done.amount == 1000 and plain.effect_state(f"refund:{pi}") == "committed"
+    assert refunds_of(fake, pi) == 1

@@ -4,6 +4,8 @@ account), driven with httpx and the official stripe client."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -188,3 +190,29 @@ def test_a_stored_refusal_is_replayed(fake: FakeStripe, http: httpx.Client) -> N
     assert first.status_code == again.status_code == 400
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["error"]["code"] == "amount_too_large"
+
+
+def test_a_key_in_use_is_answered_409_and_the_first_request_finishes(
+    fake: FakeStripe, http: httpx.Client
+) -> None:
+    pi = fake.add_payment_intent(amount=2500)["id"]
+    form = {"payment_intent": pi, "amount": "100"}
+    headers = {"Idempotency-Key": "k-busy"}
+    fake.delay_next(1.0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(http.post, "/v1/refunds", data=form, headers=headers)
+        deadline = time.monotonic() + 5
+        while fake.count("POST", "/v1/refunds") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        busy = http.post("/v1/refunds", data=form, headers=headers)
+        other_account = http.post(
+            "/v1/refunds", data=form, headers=headers | {"Stripe-Account": "acct_elsewhere"}
+        )
+
+        assert busy.status_code == 409
+        assert busy.json()["error"]["code"] == "idempotency_key_in_use"
+        assert other_account.status_code == 403  # another account's key: not busy, unknown
+        assert first.result(timeout=10).status_code == 200
+    again = http.post("/v1/refunds", data=form, headers=headers)
+    assert again.headers["Idempotent-Replayed"] == "true" and len(fake.refunds) == 1

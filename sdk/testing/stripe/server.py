@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from urllib.parse import parse_qsl
 
+from ..connection import Answer
 from ..messages import Request, Response
 from ..server import FakeServer
 from . import objects
@@ -46,6 +47,7 @@ class FakeStripe(FakeServer):
         super().__init__(host, port, tls=tls, hang_seconds=hang_seconds)
         self._clock = clock  # its objects' ``created`` and every answer's ``Date``
         self._accounts = Accounts(clock)
+        self._running: set[tuple[str, str]] = set()  # (account, key) of requests running now
 
     @property
     def _state(self) -> StripeState:
@@ -179,6 +181,27 @@ class FakeStripe(FakeServer):
             "YOUR_SECRET_KEY')."
         )
         return _error(StripeError(401, message))
+
+    async def _answer(self, request: Request) -> Answer:
+        """Stripe's concurrency guard: a key whose first request is still running is answered
+        409 ``idempotency_key_in_use`` (and nothing stored); the first goes on, and finishes."""
+        key = idempotency_key(request)
+        if not key or self.authorize(request) is not None:
+            return await super()._answer(request)
+        scope = (request.header("stripe-account").strip(), key)
+        with self._lock:
+            busy = scope in self._running
+            if busy:
+                self._requests.append((request.method, request.path))
+            else:
+                self._running.add(scope)
+        if busy:
+            return self.finalize(request, _error(injected_error(409)))
+        try:
+            return await super()._answer(request)
+        finally:
+            with self._lock:
+                self._running.discard(scope)
 
     def handle(self, request: Request) -> Response:
         request_id = new_id("req_")
