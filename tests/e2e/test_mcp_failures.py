@@ -137,3 +137,30 @@ def test_own_tools_table_and_unmapped_tools_allow(
         ("stripe.refund", "ambiguous"),
     ]
     assert len(stripe.refunds) == 1
+
+
+def test_reconcile_asks_stripes_rest_api_about_an_mcp_refund(
+    tmp_path: Path,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    servers: tuple[FakeStripeMcp, FakeStripeMcp],
+) -> None:
+    """Lazy reconciliation: the lost reply stays ambiguous until ``ctrlrun reconcile`` asks,
+    with the upstream's api_key_env, at its api_url (the sidecar holds no request then)."""
+    stripe = fakes[0]
+    text = POLICY.format(mcp=servers[0].url)
+    sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True, reconcile="lazy")
+    try:
+        pi = stripe.add_payment_intent(amount=5000)["id"]
+        raw = Raw(servers[0].url, sc.proxy_url)
+        raw.open()
+        servers[0].fail_next("commit_then_drop")
+        assert meta(refund(raw, 1, pi))["reason"] == "reconciler: not asked"
+        key = f"refund:self:{pi}"
+        assert sc.effect_state(key) == "ambiguous"
+        asked = sc.cli("reconcile", key, "--policy", str(sc.policy), "--store-url", sc.store_url)
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert sc.effect_state(key) == "committed"
+        assert meta(refund(raw, 2, pi))["outcome"] == "duplicate"
+        assert len(stripe.refunds) == 1
+    finally:
+        sc.stop()
