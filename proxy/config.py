@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .egress import Egress
+from .limits import Limits
 from .mcp_config import McpSettings
 
 Profile = Literal["stripe", "kubernetes", "http", "mcp", "stripe-mcp"]
@@ -72,3 +73,4 @@ class ProxyConfig:
     upstreams: tuple[Upstream, ...] = ()
     agents: tuple[AgentCredential, ...] = field(default=())
     egress: Egress = field(default_factory=Egress)
+    limits: Limits = field(default_factory=Limits)

@@ -43,6 +43,7 @@ from .config import (
     Upstream,
 )
 from .egress import Egress, parse_egress
+from .limits import Limits, parse_limits
 from .mcp_config import MCP_PROFILES, STRIPE_API, McpSettings, parse_mcp
 from .route_values import WRITE_METHODS
 
@@ -332,8 +333,11 @@ AGENTS: Section[tuple[AgentCredential, ...]] = Section("agents", _agents_section
 EGRESS: Section[Egress] = Section(
     "egress", lambda value, where, _: parse_egress(value, where), empty=Egress()
 )
+LIMITS: Section[Limits] = Section(
+    "limits", lambda value, where, _: parse_limits(value, where), empty=Limits()
+)
 # Every section the proxy owns, in the order their errors are reported.
-SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS, EGRESS)
+SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS, EGRESS, LIMITS)
 
 
 def load_policy(path: str | os.PathLike[str] | None = None) -> Policy:
@@ -353,4 +357,5 @@ def proxy_config(policy: Policy) -> ProxyConfig:
         upstreams=policy.section(UPSTREAMS),
         agents=policy.section(AGENTS),
         egress=policy.section(EGRESS),
+        limits=policy.section(LIMITS),
     )

@@ -28,13 +28,14 @@ from ctrlrun.control import Control, Outcome
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import receipted, relay, replay, settle, stripe_payments, unmapped
+from . import queue_cap, receipted, relay, replay, settle, stripe_payments, unmapped
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
 from .forward import Forwarded, Forwarder, forward_headers
 from .handled import Handled
 from .ledger_health import LedgerHealth
+from .limits import Limits
 from .metrics import Metrics
 from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
 from .refusals import Refusal, refusal_for
@@ -54,7 +55,9 @@ class Guard:
         *,
         reconcile_deadline: float = 10.0,
         metrics: Metrics | None = None,
+        limits: Callable[[], Limits] = Limits,
     ) -> None:
+        self.limits = limits
         self.metrics = metrics or Metrics()
         self.health = LedgerHealth(self.metrics.ledger_available)
         self.control = control
@@ -111,6 +114,11 @@ class Guard:
         if isinstance(prepared, Unresolvable):
             return await self._unresolvable(ctl, up, request, prepared)
         p = prepared
+        if ctl.policy.mode != "observe":
+            cap = self.limits().pending_approvals_per_agent
+            full = await queue_cap.queue_full(ctl, p.action, p.approval_id, cap)
+            if full is not None:
+                return self.refused(up, request, await receipted.write(ctl, full, p.action))
         waiting = self.inflight.join(p.effect_key, p.idempotency_key, p.digest)
         if waiting is not None:
             # The client's own transport retry of an attempt still executing: same answer.

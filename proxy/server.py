@@ -34,6 +34,7 @@ from .guard import Guard
 from .metrics import Metrics
 from .principal import Principals
 from .recognize import Recognizer
+from .stall import StallGuard
 
 if TYPE_CHECKING:
     from mitmproxy.tools.dump import DumpMaster
@@ -77,6 +78,7 @@ class Sidecar:
         self.control = Control(self.policy, self.store)
         self.upstreams: Sequence[Upstream] = self.config.upstreams
         self.egress = self.config.egress
+        self.limits = self.config.limits
         self.principals = Principals(settings.principal, self.config.agents)
         self.reconcilers = registry.build(self.upstreams)
 
@@ -91,7 +93,7 @@ class Sidecar:
         if (config.upstreams, config.agents) != (self.config.upstreams, self.config.agents):
             log.warning("upstreams/agents changed: they take effect at the next restart")
         self.policy = policy
-        self.egress = config.egress  # egress rules take effect now
+        self.egress, self.limits = config.egress, config.limits  # these take effect now
         self.control = Control(policy, self.store)
         log.info("policy reloaded from %s (%s)", self.policy_file, policy.policy_hash)
         return True
@@ -194,13 +196,15 @@ async def run(
         sidecar.reconcilers,
         reconcile_deadline=sidecar.settings.reconcile_deadline,
         metrics=metrics,
+        limits=lambda: sidecar.limits,
     )
     admin = None
     if sidecar.settings.admin:
         admin = await Admin(lambda: sidecar.store, metrics).start(*sidecar.settings.admin)
     gate = Gate(recognizer, lambda: sidecar.control, lambda: sidecar.egress)
     addon = CtrlrunAddon(guard, gate, sidecar.upstreams, sidecar.principals, reverse)
-    master.addons.add(addon, _Announce(sidecar, master, confdir, admin, announce))
+    stall = StallGuard(lambda: sidecar.limits, lambda: master.addons.get("proxyserver").connections)
+    master.addons.add(stall, addon, _Announce(sidecar, master, confdir, admin, announce))
     if signals:
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
         loop.add_signal_handler(signal.SIGINT, stopping.set)

@@ -67,6 +67,7 @@ TOP_KEYS = {
     "upstreams": SCHEMA_V2,  # the proxy's
     "agents": SCHEMA_V2,  # the proxy's
     "egress": SCHEMA_V2,  # the proxy's
+    "limits": SCHEMA_V2,  # the proxy's
     "operators": SCHEMA_V2,  # the kernel's: who may approve, resolve, freeze (operators.py)
 }
 # Sections the kernel reads from every policy, whoever loads it.
