@@ -281,3 +281,29 @@ def test_kubectl_attach_allowed_is_relayed(
     assert "ran attach in app" in done.stdout
     assert [(s.kind, s.container) for s in kube.sessions] == [("attach", "app")]
     assert [(r["action"], r["result"]) for r in receipts(sc)] == [("k8s.attach", "committed")]
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_exec_that_needs_a_human_runs_once_approved(
+    fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    from test_kubectl import asked
+
+    _, kube = fakes
+    kube.add_pod("default", "web-0")
+    policy = POLICY.replace("upstreams:\n", "  k8s.exec:\n    decision: approve\nupstreams:\n", 1)
+    sc = start_sidecar(tmp_path / "sc", *fakes, policy_text=policy, in_process=True)
+    try:
+        home = home_for(tmp_path, sc.kube_base)
+        command = ("exec", "web-0", "--", "pg_dump", "shop")
+        request_id = asked(kubectl(home, *command)[0])
+        assert kube.sessions == []  # asked, and nothing ran
+        granted = sc.cli("approve", request_id, "--store-url", sc.store_url)
+        assert granted.returncode == 0, granted.stderr
+
+        done, _ = kubectl(home, *command)
+        assert done.returncode == 0, done.stderr
+        assert [s.command[:2] for s in kube.sessions] == [("pg_dump", "shop")]
+        assert receipts(sc)[-1]["result"] == "committed"
+    finally:
+        sc.stop()
