@@ -234,3 +234,12 @@ def test_the_cli_and_the_proxy_package_import_light() -> None:
     proxy = loaded_after("import ctrlrun.proxy, ctrlrun.proxy.config_parse")
     assert [m for m in proxy if m.split(".")[0] in HEAVY] == []
     assert [m for m in proxy if within(m, "ctrlrun.testing") or ".fakes" in m] == []
+
+
+def test_test_modules_outside_packages_have_unique_names() -> None:
+    """pytest imports a test module outside a package by its basename: two of one name in
+    different folders stop the whole suite at collection."""
+    tests = Path(__file__).resolve().parent
+    loose = [p for p in tests.rglob("test_*.py") if not (p.parent / "__init__.py").exists()]
+    names = [p.name for p in loose]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
