@@ -33,6 +33,17 @@ actions:
   k8s.attach: {decision: deny}        # kubectl attach
   k8s.port_forward: {decision: deny}  # kubectl port-forward (args: ... pod ports)
 
+# Where else the agent may go through the sidecar. Upstreams are always guarded, whatever
+# name or address the agent uses for them; any other host not listed here is refused.
+egress:
+  default: deny
+  allow:
+    - api.openai.com
+    - api.anthropic.com
+    - generativelanguage.googleapis.com
+    - "*.openai.azure.com"
+    - api.mistral.ai
+
 # The sidecar proxy forwards protected requests to these upstreams.
 upstreams:
   stripe:
