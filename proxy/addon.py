@@ -12,8 +12,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from mitmproxy import connection, http
+from mitmproxy import connection, http, tcp
 from mitmproxy.net.http.url import parse_authority
+from mitmproxy.proxy.mode_specs import TransparentMode
 
 from ctrlrun.action import Principal
 
@@ -83,6 +84,21 @@ class CtrlrunAddon:
             req.data.host = passage.dial  # pinned: the address just checked, not a new lookup
         # A tunnel to an upstream keeps the CONNECT's host (the client checks the
         # certificate against it); the recogniser knows it, so the tunnel is intercepted.
+
+    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        # A transparent connection that is not HTTP has no request for the gate to judge:
+        # judge its destination here, before anything is sent to it.
+        if not isinstance(flow.client_conn.proxy_mode, TransparentMode):
+            return
+        host, port = flow.server_conn.address[:2] if flow.server_conn.address else ("", 0)
+        try:
+            passage = await self.gate.passage(Asked("TCP", str(host), int(port)))
+        except Exception:  # fail closed
+            log.exception("internal error on a transparent connection to %s:%s", host, port)
+            flow.kill()
+            return
+        if passage.refusal is not None:
+            flow.kill()
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.auth.pop(client.id, None)
@@ -199,13 +215,18 @@ class CtrlrunAddon:
         if spec in self.reverse_specs:
             return self.by_name[self.reverse_specs[spec]]
         req = flow.request
-        names = [_host_of(req.host_header), flow.client_conn.sni]
+        names = [n for n in (_host_of(req.host_header), flow.client_conn.sni) if n]
+        host = req.host
+        if names and isinstance(flow.client_conn.proxy_mode, TransparentMode):
+            # The kernel redirected a connection to an address; the request names where it
+            # means to go. Judge that name, and the address must be the same place.
+            host, names = names[0], [host, *names[1:]]
         asked = Asked(
             req.method.upper(),
-            req.host,
+            host,
             req.port,
             req.path,
-            [n for n in names if n],
+            names,
             self._principal(flow),
             self.tunnels.get(flow.client_conn.id),
         )

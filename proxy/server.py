@@ -239,7 +239,7 @@ def _master(sidecar: Sidecar, recognizer: Recognizer) -> tuple[DumpMaster, Path,
     # Addon options exist only once the default addons are loaded.
     opts.update(mode=modes, connection_strategy="lazy")
     # Intercept what reaches or names an upstream, by address; tunnel the rest untouched.
-    tunnels.install(master, recognizer)
+    tunnels.install(master, recognizer, lambda: sidecar.egress.default == "deny")
     bundle = _trust_bundle(confdir, sidecar.upstreams)
     if bundle:
         opts.update(ssl_verify_upstream_trusted_ca=str(bundle))

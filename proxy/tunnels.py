@@ -10,10 +10,12 @@ connection is tunnelled untouched, so the agent's other sites need no CA.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy.addons.next_layer import NextLayer
 from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.mode_specs import TransparentMode
 
 from .recognize import Recognizer
 
@@ -23,9 +25,14 @@ class GuardedNextLayer(NextLayer):
 
     name = "nextlayer"  # the name mitmproxy's proxy server looks it up by
 
-    def __init__(self, recognizer: Recognizer) -> None:
+    def __init__(
+        self, recognizer: Recognizer, inspect_transparent: Callable[[], bool] = lambda: False
+    ) -> None:
         super().__init__()
         self.recognizer = recognizer
+        # Transparent connections have no CONNECT for the gate to judge: while egress denies,
+        # every one is intercepted, so that its requests meet the gate (a tunnel would not).
+        self.inspect_transparent = inspect_transparent
 
     def _ignore_connection(
         self, context: Context, data_client: bytes, data_server: bytes
@@ -41,7 +48,8 @@ class GuardedNextLayer(NextLayer):
         for name in names:
             if name and self.recognizer.names_upstream(_host(str(name)), int(port)):
                 return False  # intercepted, so the addon sees the mismatch and refuses it
-        return True
+        transparent = isinstance(context.client.proxy_mode, TransparentMode)
+        return not (transparent and self.inspect_transparent())
 
 
 def _host(authority: str) -> str:
@@ -50,7 +58,9 @@ def _host(authority: str) -> str:
     return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
 
 
-def install(master: Any, recognizer: Recognizer) -> None:
+def install(
+    master: Any, recognizer: Recognizer, inspect_transparent: Callable[[], bool] = lambda: False
+) -> None:
     """Put the guarded rule in place of mitmproxy's own next-layer addon."""
     master.addons.remove(master.addons.get("nextlayer"))
-    master.addons.add(GuardedNextLayer(recognizer))
+    master.addons.add(GuardedNextLayer(recognizer, inspect_transparent))

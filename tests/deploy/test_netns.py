@@ -31,6 +31,7 @@ SCRIPT = ROOT / "deploy" / "ctrlrun-egress.sh"
 AGENT_UID = 10002  # the manifests' agent UID
 PROXY_PORT = 8080
 KEY = "sk_test_netns_4242"
+REMOTE_NAME = "api.stripe.test"  # the remote's name inside the pod
 TLS_ARGS = ("--insecure",)  # reachability only: a handshake that happens is enough
 
 POLICY = """\
@@ -47,7 +48,7 @@ upstreams:
     url: {url}
 {ca_file}    timeout: 5
     reconcile: "off"
-"""
+{extra}"""
 
 
 def _unavailable() -> str | None:
@@ -147,8 +148,12 @@ def pod() -> Iterator[Pod]:
     prefix6 = f"fd53:{tag[:4]}:{tag[4:]}"  # unique local addresses
     gateway6, address6 = f"{prefix6}::1", f"{prefix6}::2"
     workdir = Path(tempfile.mkdtemp(prefix="ctrlrun-netns-"))
+    etc = Path("/etc/netns") / name
     try:
         run("ip", "netns", "add", name)
+        # Names inside the pod: `ip netns exec` mounts this file over /etc/hosts.
+        etc.mkdir(parents=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{gateway} {REMOTE_NAME}\n")
         run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
         run("ip", "link", "set", pod_end, "netns", name)
         run("ip", "addr", "add", f"{gateway}/30", "dev", host_end)
@@ -164,6 +169,7 @@ def pod() -> Iterator[Pod]:
         yield Pod(name, gateway, gateway6, workdir)
     finally:
         run("ip", "netns", "del", name, check=False)  # takes the veth pair with it
+        shutil.rmtree(etc, ignore_errors=True)
         run("ip", "link", "del", host_end, check=False)
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -171,14 +177,16 @@ def pod() -> Iterator[Pod]:
 class Sidecar:
     """``ctrlrun proxy`` inside the pod, under the sidecar's UID, until ``stop``."""
 
-    def __init__(self, pod: Pod, remote: FakeStripe, mode: str) -> None:
+    def __init__(
+        self, pod: Pod, remote: FakeStripe, mode: str, *, url: str = "", extra: str = ""
+    ) -> None:
         self.pod = pod
         policy = pod.workdir / "ctrlrun.yaml"
         ca_file = ""
         if remote.ca_file:  # the sidecar's UID may not read the fakes' CA where it lives
             shutil.copy(remote.ca_file, pod.workdir / "remote-ca.pem")
             ca_file = f"    ca_file: {pod.workdir / 'remote-ca.pem'}\n"
-        policy.write_text(POLICY.format(url=remote.url, ca_file=ca_file))
+        policy.write_text(POLICY.format(url=url or remote.url, ca_file=ca_file, extra=extra))
         self.store_url = f"sqlite:///{pod.workdir / 'state.db'}"
         argv = pod.as_uid(
             SIDECAR_UID,
@@ -333,3 +341,35 @@ def test_transparent_mode_intercepts_tls_and_refuses_what_it_cannot_redirect(
     assert refunds(remote_tls) == 1 and remote6.requests == []
     results = sorted(str(r["result"]) for r in sidecar.receipts())
     assert results == ["blocked", "committed", "denied"], results
+
+
+def test_transparent_mode_knows_a_named_upstream_by_its_address_and_applies_egress(
+    pod: Pod, remote: FakeStripe
+) -> None:
+    pod.egress("transparent")
+    with (
+        FakeStripe(host=pod.gateway) as other,  # neither an upstream nor allowed
+        FakeStripe(host=pod.gateway, tls=True) as other_tls,
+    ):
+        named = f"http://{REMOTE_NAME}:{remote.port}"
+        egress = "egress: {default: deny}\n"
+        sidecar = Sidecar(pod, remote, "transparent", url=named, extra=egress)
+        try:
+            # The policy names the remote; the agent dials it by address, or by that name.
+            assert pod.agent(remote.url, 50_000, "--noproxy", "*") == (0, "403 denied")
+            assert pod.agent(named, 700, "--noproxy", "*") == (0, "200")
+            # Elsewhere, over HTTP, TLS (intercepted to be refused) or neither: refused, with
+            # a receipt each.
+            assert pod.reach(AGENT_UID, other.url + "/v1/balance") == (0, "403")
+            assert pod.reach(AGENT_UID, other_tls.url + "/v1/balance") == (0, "403")
+            raw = pod.as_uid(AGENT_UID, "curl", "-sS", "--max-time", "5", "--noproxy", "*")
+            target = f"telnet://{pod.gateway}:{other.port}"
+            subprocess.run([*raw, target], input="\x00\x01 not http\n", timeout=60, text=True)
+        finally:
+            sidecar.stop()
+        assert other.requests == [] and other_tls.requests == []
+    assert refunds(remote) == 1
+    receipts = sidecar.receipts()
+    reasons = [str(r["decision_reason"]) for r in receipts]
+    assert reasons == ["no_matching_rule", "rule[0]"] + ["egress_denied"] * 3, reasons
+    assert [r["arguments"]["method"] for r in receipts[2:]] == ["GET", "GET", "TCP"]  # type: ignore[index]
