@@ -103,6 +103,7 @@ class Recognizer:
         # Names seen to reach an upstream stay that upstream for ``known`` (bounded): a
         # tunnel opened to one must not become unguarded when its cache entry expires.
         self._learned: dict[tuple[str, int], Upstream] = {}
+        self._decided: dict[tuple[str, int], tuple[float, Destination]] = {}
 
     def names_upstream(self, host: str, port: int) -> bool:
         """Whether ``host`` (an SNI or a Host header's host) names an upstream at ``port``,
@@ -126,10 +127,21 @@ class Recognizer:
         return owners[0] if len(owners) == 1 else None
 
     async def destination(self, host: str, port: int) -> Destination:
-        """Where a request or CONNECT to ``host:port`` really goes."""
+        """Where a request or CONNECT to ``host:port`` really goes (answers cached for ttl)."""
         name = normalize(host)
         if (name, port) in self._names:
             return Destination(upstream=self._names[name, port])
+        decided = self._decided.get((name, port))
+        if decided is not None and decided[0] > self._clock():
+            return decided[1]
+        found = await self._destination(name, port)
+        if found.refused is None:
+            if len(self._decided) >= MAX_CACHED:
+                self._decided.clear()  # rare; refilled from the resolver's own cache
+            self._decided[name, port] = (self._clock() + self.ttl, found)
+        return found
+
+    async def _destination(self, name: str, port: int) -> Destination:
         await self.refresh()
         try:
             found = await self.addresses(name)
