@@ -28,7 +28,7 @@ from ctrlrun.control import Control, Outcome
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import queue_cap, receipted, relay, replay, settle, stripe_payments, unmapped
+from . import kube_result, queue_cap, receipted, relay, replay, settle, stripe_payments, unmapped
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
@@ -39,6 +39,7 @@ from .limits import Limits
 from .metrics import Metrics
 from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
 from .refusals import Refusal, refusal_for
+from .route_values import KubeWrite
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,17 @@ class Guard:
             return mapped
         self.active += 1
         try:
+            if isinstance(mapped, KubeWrite) and principal is None:
+                mapped = Unmapped("no principal: nothing is asked of the apiserver")
+            elif isinstance(mapped, KubeWrite):  # decided on the apiserver's dry run
+                got = await kube_result.resolve(
+                    self.forwarder, upstream, request, mapped, target, headers
+                )
+                if isinstance(got, kube_result.Answered):
+                    return Handled(got.reply, got.outcome, got.reason)
+                if isinstance(got, Refusal):
+                    return self.refused(upstream, request, got)
+                mapped, request, target = got.mapped, got.request, got.target
             return await self._protected(upstream, request, mapped, target, headers, principal)
         finally:
             self.active -= 1

@@ -1,12 +1,22 @@
-"""The built-in routes of ``profile: kubernetes``: scales and deletes of the apps/v1 API."""
+"""The built-in routes of ``profile: kubernetes``: writes of apps/v1 workloads, and deletes.
+
+A PATCH or PUT of a Deployment, StatefulSet or ReplicaSet, or of its ``/scale``, is a
+``KubeWrite``: what it does depends on the object it meets and on the apiserver's merge, so
+``kube_result`` decides it on the apiserver's own dry run. Here its body is only read
+strictly (JSON without floats or repeated keys; an apply document as YAML) and its patch type
+checked. A collection delete has no object to decide on: it is refused.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from .config import Upstream
 from .route_values import (
     BadInput,
+    KubeWrite,
     Mapped,
     PassThrough,
     Request,
@@ -19,32 +29,55 @@ from .route_values import (
     shown,
 )
 
-MERGE_PATCHES = frozenset(
-    {"application/merge-patch+json", "application/strategic-merge-patch+json"}
-)
-JSON_PATCH = "application/json-patch+json"
-REPLICAS_PATH = "/spec/replicas"
-_MAX_REPLICAS = 2**31 - 1  # spec.replicas is an int32
+# The patch types the apiserver accepts for these objects, by the name kube_result uses.
+PATCH_TYPES = {
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+    "application/json-patch+json": "json",
+    "application/apply-patch+yaml": "apply",
+}
+# The apps/v1 workloads that have replicas, and the argument that names each one.
+WORKLOADS = {
+    "deployments": "deployment",
+    "statefulsets": "statefulset",
+    "replicasets": "replicaset",
+}
 
 
 def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) -> RouteResult:
     """Map a Kubernetes write onto its action, or say why not."""
     cluster = upstream.cluster or upstream.name
     method = request.method
+    write: KubeWrite | None = None
     arguments: dict[str, Any]
     match segments:
         case ["api", "v1", "namespaces", name] if method == "DELETE":
             action, arguments = "k8s.delete_namespace", {"cluster": cluster, "name": name}
-        case ["apis", "apps", "v1", "namespaces", namespace, "deployments", deployment, "scale"]:
-            if method not in ("PATCH", "PUT"):
+        case ["apis", "apps", "v1", "namespaces", namespace, kind] if kind in WORKLOADS:
+            if method != "DELETE":
                 return _unmapped(request)
-            action = "k8s.scale"
+            # deletecollection: every object the selector matches, none of them named here.
+            raise BadInput(
+                f"a collection DELETE of {kind} in namespace {namespace!r} is refused: "
+                "ctrlrun decides deletes one object at a time; delete each by name"
+            )
+        case ["apis", "apps", "v1", "namespaces", namespace, "deployments", deployment] if (
+            method == "DELETE"
+        ):
+            action = "k8s.delete_deployment"
             arguments = {"cluster": cluster, "namespace": namespace, "deployment": deployment}
-        case ["apis", "apps", "v1", "namespaces", namespace, "deployments", deployment]:
-            if method not in ("PATCH", "DELETE"):
-                return _unmapped(request)  # a PUT replaces the whole Deployment: not a scale
-            action = "k8s.scale" if method == "PATCH" else "k8s.delete_deployment"
-            arguments = {"cluster": cluster, "namespace": namespace, "deployment": deployment}
+        case ["apis", "apps", "v1", "namespaces", namespace, kind, name, *rest] if (
+            kind in WORKLOADS and rest in ([], ["scale"]) and method in ("PATCH", "PUT")
+        ):
+            action = ""
+            singular = WORKLOADS[kind]
+            arguments = {
+                "cluster": cluster,
+                "namespace": namespace,
+                singular: name,
+                "workload": f"{singular}/{name}",
+            }
+            write = KubeWrite(kind, namespace, name, rest == ["scale"], "", None, arguments)
         case _:
             return _unmapped(request)
     check_body(request)
@@ -53,13 +86,12 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
     # APIs) the parameter may be ignored, and passing it through would let a write by.
     if _dry_run(request):
         return PassThrough("dryRun=All: a server-side dry run persists nothing")
-    if action == "k8s.scale":
-        subresource = segments[-1] == "scale"
-        result = _replicas(request, subresource=subresource)
-        if not isinstance(result, int):
-            return result
-        arguments["replicas"] = result
     check_arguments(arguments)
+    if write is not None:
+        media, document = _document(request)
+        return KubeWrite(
+            write.kind, write.namespace, write.name, write.scale, media, document, arguments
+        )
     return Mapped(action, arguments)
 
 
@@ -85,85 +117,59 @@ def _all_dry(values: Any) -> bool:
     return isinstance(values, list) and bool(values) and all(value == "All" for value in values)
 
 
-def _replicas(request: Request, *, subresource: bool) -> int | Unmapped:
-    """The replica count a scale write sets; Unmapped when the write is not a pure scale."""
+def _document(request: Request) -> tuple[str, Any]:
+    """The write's patch type and its body, parsed strictly; refuse what cannot be read."""
     kind = media_type(request.headers)
-    if kind.startswith("application/apply-patch"):
-        return Unmapped(
-            "server-side apply is not mapped to k8s.scale: an apply document may set any field "
-            "and may create the object; scale with 'kubectl scale' or a merge patch "
-            '{"spec":{"replicas":N}}'
-        )
     if request.method == "PUT":
         if kind not in ("application/json", ""):
-            raise BadInput(f"cannot read a PUT Scale body of type {shown(kind)}; send JSON")
-        scale = _object(request.body)
-        spec = scale.get("spec")
-        if not isinstance(spec, dict) or "replicas" not in spec:
-            # Go decodes a missing spec.replicas as 0: this PUT would scale to zero.
-            raise BadInput("a PUT Scale without spec.replicas would scale to 0; set it")
-        return _count(spec["replicas"])
-    if kind in MERGE_PATCHES:
-        return _from_merge_patch(_object(request.body), subresource=subresource)
-    if kind == JSON_PATCH:
-        return _from_json_patch(load_json(request.body, floats=True), subresource=subresource)
-    raise BadInput(
-        f"cannot read a PATCH body of type {shown(kind or 'untyped')}; "
-        f"send {JSON_PATCH} or a merge patch"
-    )
-
-
-def _from_merge_patch(patch: dict[str, Any], *, subresource: bool) -> int | Unmapped:
-    spec = patch.get("spec")
-    if not subresource and (
-        set(patch) != {"spec"} or not isinstance(spec, dict) or set(spec) != {"replicas"}
-    ):
-        # Anything beside spec.replicas (an image, a label, a $patch directive) makes this a
-        # different change that happens to scale too; it is not the k8s.scale action.
-        return Unmapped("this Deployment PATCH changes more than spec.replicas: not a pure scale")
-    if not isinstance(spec, dict) or "replicas" not in spec:
-        raise BadInput("a scale PATCH must set spec.replicas")
-    return _count(spec["replicas"])
-
-
-def _from_json_patch(ops: Any, *, subresource: bool) -> int | Unmapped:
-    if not isinstance(ops, list):
-        raise BadInput("a JSON patch must be a list of operations")
-    sets: list[dict[str, Any]] = []
-    others = 0
-    for op in ops:
-        if not isinstance(op, dict) or not isinstance(op.get("op"), str):
-            raise BadInput("a JSON patch operation must be an object with an 'op'")
-        if not isinstance(op.get("path"), str):
-            raise BadInput(f"JSON patch operation {shown(op['op'])} has no 'path'")
-        if op["op"] == "test":
-            continue  # a precondition: it changes nothing
-        if op["op"] in ("replace", "add") and op["path"] == REPLICAS_PATH:
-            sets.append(op)
-        else:
-            others += 1
-    if others:
-        return Unmapped("this JSON patch changes more than /spec/replicas: not a pure scale")
-    if not sets:
-        if subresource:
-            raise BadInput("a scale JSON patch must replace /spec/replicas")
-        return Unmapped("this JSON patch does not set /spec/replicas")
-    if len(sets) > 1:
-        raise BadInput("the JSON patch sets /spec/replicas more than once")
-    if "value" not in sets[0]:
-        raise BadInput("the JSON patch operation on /spec/replicas has no 'value'")
-    return _count(sets[0]["value"])
-
-
-def _object(body: bytes) -> dict[str, Any]:
-    value = load_json(body, floats=True)
-    if not isinstance(value, dict):
+            raise BadInput(f"cannot read a PUT body of type {shown(kind)}; send JSON")
+        media = "put"
+    elif kind in PATCH_TYPES:
+        media = PATCH_TYPES[kind]
+    else:
+        raise BadInput(
+            f"cannot read a PATCH body of type {shown(kind or 'untyped')}; send a JSON patch, "
+            "a merge or strategic merge patch, or an apply patch (YAML or JSON)"
+        )
+    # ctrlrun forwards its own encoding of what it read, so the dry run and the write carry
+    # the same document; floats are refused (nothing in these objects needs one).
+    document = _yaml(request.body) if media == "apply" else load_json(request.body, floats=False)
+    if media == "json":
+        if not isinstance(document, list):
+            raise BadInput("a JSON patch must be a list of operations")
+    elif not isinstance(document, dict):
         raise BadInput("the body must be a JSON object")
-    return value
+    return media, document
 
 
-def _count(value: Any) -> int:
-    # Floats (6.0), bools (true is 1 to Python), strings and nulls are all refused.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_REPLICAS:
-        raise BadInput(f"replicas must be a non-negative integer, got {shown(repr(value))}")
-    return value
+def _yaml(body: bytes) -> Any:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput("the body is not valid UTF-8") from exc
+    if text.lstrip().startswith("{"):
+        return load_json(body, floats=False)
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise BadInput(f"the apply patch is not valid YAML ({str(exc)[:80]})") from exc
+    if len(documents) != 1:
+        raise BadInput("an apply patch must hold exactly one YAML document")
+    # Re-encoded as JSON below: YAML scalars the apiserver would read differently (yes, 010)
+    # reach it as the JSON values ctrlrun decided on. Floats and dates are refused.
+    _plain_yaml(documents[0])
+    return documents[0]
+
+
+def _plain_yaml(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                raise BadInput("the apply patch has a key that is not a string")
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None and not isinstance(item, (str, int)):
+            raise BadInput(f"the apply patch holds a {type(item).__name__}; quote it")

@@ -71,7 +71,21 @@ class Invalid:
     reason: str
 
 
-RouteResult: TypeAlias = PassThrough | Mapped | Unmapped | Invalid
+@dataclass(frozen=True)
+class KubeWrite:
+    """A PATCH or PUT of an apps/v1 workload (or its ``/scale``): its action depends on what
+    the apiserver would store, so ``kube_result`` asks it (``dryRun=All``) before deciding."""
+
+    kind: str  # the resource: deployments, statefulsets or replicasets
+    namespace: str
+    name: str
+    scale: bool  # the /scale subresource
+    media: str  # the patch type ("merge", "strategic", "json", "apply") or "put"
+    document: Any  # the body, parsed; forwarded re-encoded with a resourceVersion precondition
+    arguments: dict[str, Any]  # cluster, namespace, the kind's own name and workload
+
+
+RouteResult: TypeAlias = PassThrough | Mapped | Unmapped | Invalid | KubeWrite
 
 
 class BadInput(Exception):

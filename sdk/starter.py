@@ -18,13 +18,19 @@ actions:
   stripe.cancel_payment_intent:
     effect: "cancel:{account}:{payment_intent}"
     decision: allow
-  k8s.scale:
-    effect: "scale:{cluster}:{namespace}:{deployment}:{replicas}"
+  k8s.scale:                          # any write that changes replicas, as the apiserver applies it
+    effect: "scale:{cluster}:{namespace}:{workload}:{replicas}"
     window: 10m                       # the same scale may be asked again after 10 minutes
     rules:
       - when: {replicas_lte: 20}
         decision: allow
       # no match: denied
+  k8s.update_deployment:              # kubectl apply, set image, rollout restart: other changes
+    effect: "update:{cluster}:{namespace}:{workload}:{revision}"
+    decision: allow
+  k8s.update_statefulset:
+    effect: "update:{cluster}:{namespace}:{workload}:{revision}"
+    decision: allow
   k8s.delete_namespace:
     effect: "delete-ns:{cluster}:{name}"
     decision: deny

@@ -48,6 +48,7 @@ class FakeServer:
         self._port = port
         self._lock = threading.RLock()
         self._requests: list[tuple[str, str]] = []
+        self._dry_runs: list[tuple[str, str]] = []
         self._writes_applied = 0
         self._failures = Failures()
         self._ca: FakeCA | None = None
@@ -148,6 +149,7 @@ class FakeServer:
     def reset_counts(self) -> None:
         with self._lock:
             self._requests.clear()
+            self._dry_runs.clear()
             self._writes_applied = 0
 
     def fail_next(self, mode: WriteMode | None, times: int = 1, *, path: str | None = None) -> None:
@@ -170,8 +172,28 @@ class FakeServer:
 
     # -- one exchange (server thread) ---------------------------------------------------------
 
+    @property
+    def dry_runs(self) -> list[tuple[str, str]]:
+        """Writes that persisted nothing (``persists_nothing``), as ``(method, path)``."""
+        with self._lock:
+            return list(self._dry_runs)
+
+    def persists_nothing(self, request: Request) -> bool:
+        """Whether the remote stores nothing for ``request`` (a server-side dry run).
+
+        Such a request is listed in ``dry_runs``, not ``requests``, and suffers no armed
+        write failure: the counts and the failures are about writes that can change state.
+        """
+        return False
+
     async def _answer(self, request: Request) -> Answer:
         """Count ``request``, suffer any armed failure, else let the fake answer it."""
+        if request.is_write and self.persists_nothing(request):
+            with self._lock:
+                self._dry_runs.append((request.method, request.path))
+            refused = self._call(request, self.authorize)
+            answered = self._call(request, self.handle) if refused is None else refused
+            return self.finalize(request, answered)
         with self._lock:
             self._requests.append((request.method, request.path))
         injected: Answer | None = self._call(request, self.authorize)

@@ -38,6 +38,9 @@ actions:
   k8s.scale:
     effect: "scale:{{cluster}}:{{deployment}}:{{replicas}}"
     decision: allow
+  k8s.delete_deployment:
+    effect: "delete:{{cluster}}:{{namespace}}:{{deployment}}"
+    decision: allow
 upstreams:
   stripe:
     profile: stripe
@@ -205,14 +208,12 @@ TRANSPORT_ROWS = [
 
 @pytest.mark.parametrize(("row", "upstream"), TRANSPORT_ROWS, ids=[r[1] for r in TRANSPORT_ROWS])
 def test_nothing_sent_is_failed(rig: Rig, row: str, upstream: str) -> None:
+    # A delete is forwarded as it is (a scale is first asked of the apiserver: see below).
     received = rig.kube.count() + rig.untrusted.count()
+    deployment = SCALE.removesuffix("/scale")
     with httpx.Client(base_url=rig.listeners[upstream], timeout=30, trust_env=False) as c:
-        r = c.patch(
-            SCALE,
-            content=b'{"spec":{"replicas":4}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-    key = f"scale:{upstream}:checkout:4"
+        r = c.delete(deployment)
+    key = f"delete:{upstream}:default:checkout"
     recorded = rig.state(key)
     print(
         f"{row}: record={recorded} agent={r.status_code} "
@@ -223,11 +224,7 @@ def test_nothing_sent_is_failed(rig: Rig, row: str, upstream: str) -> None:
     assert rig.kube.count() + rig.untrusted.count() == received  # no request was read
     # Failed means the next attempt may go: a renewal, attempt 2 (and it fails the same way).
     with httpx.Client(base_url=rig.listeners[upstream], timeout=30, trust_env=False) as c:
-        again = c.patch(
-            SCALE,
-            content=b'{"spec":{"replicas":4}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
+        again = c.delete(deployment)
     assert again.headers.get("x-ctrlrun-outcome") not in ("duplicate", "ambiguous", "in_progress")
     store = open_store(rig.sidecar.store_url, create=False)
     try:
@@ -236,3 +233,13 @@ def test_nothing_sent_is_failed(rig: Rig, row: str, upstream: str) -> None:
     finally:
         store.close()
     assert rec is not None and rec.attempt == 2 and rec.state.value == "failed"
+    # A scale is decided on the apiserver's dry run: when that cannot be asked, the write
+    # is refused before anything is reserved, and a retry is safe.
+    with httpx.Client(base_url=rig.listeners[upstream], timeout=30, trust_env=False) as c:
+        r = c.patch(
+            SCALE,
+            content=b'{"spec":{"replicas":4}}',
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    assert r.status_code == 503 and r.headers["x-ctrlrun-outcome"] == "unavailable"
+    assert rig.state(f"scale:{upstream}:checkout:4") is None

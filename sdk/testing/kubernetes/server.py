@@ -147,6 +147,9 @@ class FakeKubernetes(FakeServer):
 
     # -- the HTTP side (server thread) ---------------------------------------------------------
 
+    def persists_nothing(self, request: Request) -> bool:
+        return dry_run_of(request)
+
     def handle(self, request: Request) -> Response:
         try:
             with self._lock:
