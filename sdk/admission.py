@@ -128,6 +128,7 @@ def attempt_of(f: Facts, plan: Plan) -> Attempt:
         approval=plan.approval,
         held=plan.held,
         would_have=plan.would_have,
+        lease=f.lease,
     )
 
 

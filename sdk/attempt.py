@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
@@ -30,6 +30,7 @@ class Attempt:
     held: bool = False  # this attempt holds the effect key
     would_have: Mapping[str, str] | None = None  # observe mode: what enforcement would have done
     reconciled: bool = False  # the one reconcile call of this attempt has been made
+    lease: timedelta | None = None  # the lease it holds its key under (renewed while it runs)
 
     @property
     def held_key(self) -> tuple[str, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -28,6 +29,7 @@ from .errors import (
     NotExecuted,
 )
 from .events import EventType
+from .heartbeat import Heartbeat
 from .plan import Facts, Verdict
 from .policy import Decision
 from .receipts import Receipt
@@ -69,6 +71,7 @@ class Control:
         self.lease = lease
         self.environment = environment
         self.reconciler = Reconciler(store, self.clock)
+        self.heartbeat = Heartbeat(store, self.clock)
 
     @classmethod
     def from_file(cls, path: str | None = None) -> Control:
@@ -233,12 +236,16 @@ class Control:
     ) -> tuple[T, Receipt]:
         """Execute an attempt that passed ``begin`` and record what became of it."""
         try:
-            with attempt_token(attempt.held_key):
+            with attempt_token(attempt.held_key), self.holding(attempt):
                 value = executor()
         except BaseException as exc:
             self.settle(attempt, exc, reconcile=reconcile, reconcile_eagerly=reconcile_eagerly)
             raise
         return value, self.settle(attempt, None)
+
+    def holding(self, attempt: Attempt) -> AbstractContextManager[None]:
+        """Renew ``attempt``'s lease while its function runs (``heartbeat.py``)."""
+        return self.heartbeat.holding(attempt, attempt.lease or self.lease)
 
     def settle(
         self,

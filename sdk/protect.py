@@ -107,7 +107,7 @@ def _async_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None)
         attempt = await _admit(call)
         pos, kw = call.arguments()
         try:
-            with attempt_token(attempt.held_key):
+            with attempt_token(attempt.held_key), call.ctl.holding(attempt):
                 value = await fn(*pos, **kw)
         except BaseException as exc:
             await _to_the_end(call.settle, attempt, exc)

@@ -333,3 +333,62 @@ def test_declarative_write_in_flight_at_the_deadline_is_written_once(
     assert writes == 1
     assert answers == ["upstream_ambiguous", "ambiguous"]
     assert key_state == "ambiguous"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_function_that_outlives_its_lease_keeps_its_key(tmp_path: Path, kind: str) -> None:
+    """Finding 2, its second half: a call runs 3 s under a 1 s lease. A retry at 1.5 s found
+    the lease expired, a hook that had nothing to find yet answered not_executed, and the
+    effect ran twice. The lease is renewed while the function runs: the retry is in progress."""
+    import asyncio
+    from datetime import timedelta
+
+    import ctrlrun
+
+    store = ctrlrun.SQLiteStateStore(tmp_path / "state.db")
+    control = ctrlrun.Control(ctrlrun.Policy.from_yaml(SDK_POLICY), store)
+    ran: list[str] = []
+
+    def nothing_there_yet(effect_key: str) -> ctrlrun.ReconcileOutcome:
+        return "committed" if ran else "not_executed"  # the effect lands when the call ends
+
+    protect = ctrlrun.protect(
+        "stripe.refund",
+        effect="refund:{payment_id}",
+        reconcile=nothing_there_yet,
+        lease=timedelta(seconds=1),
+        control=control,
+    )
+
+    @protect
+    def slow(payment_id: str) -> None:
+        time.sleep(3)
+        ran.append(payment_id)
+
+    @protect
+    async def slow_async(payment_id: str) -> None:
+        await asyncio.sleep(3)
+        ran.append(payment_id)
+
+    def call() -> str:
+        with ctrlrun.context(agent="refund-bot"):
+            try:
+                if kind == "def":
+                    slow("pi_1")
+                else:
+                    asyncio.run(slow_async("pi_1"))
+            except ctrlrun.CTRLRunError as exc:
+                return f"{type(exc).__name__}({getattr(exc, 'state', '')})"
+        return "ok"
+
+    answers: list[str] = []
+    first = threading.Thread(target=lambda: answers.append(call()))
+    first.start()
+    time.sleep(1.5)
+    answers.append(call())  # the retry, while the first still runs
+    first.join(30)
+    store.close()
+    print(f"{kind} 3 s under a 1 s lease: executions={len(ran)} answers={answers}")
+    assert len(ran) == 1
+    assert answers == ["DuplicateEffect(in_progress)", "ok"]

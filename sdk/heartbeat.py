@@ -1,0 +1,132 @@
+"""Keeping an SDK call's lease longer than the call: renewed while its function runs.
+
+A lease says how long a holder may be silent before a contender may presume it dead. A
+function has no deadline ctrlrun can enforce (a thread cannot be stopped), so a slow one
+outlived its lease: a retry found the lease expired, a reconciler found nothing yet, and the
+effect ran twice. Here one thread per ``Control`` renews the lease of every running call
+once a third of it has passed, to the ledger's now plus the whole lease. A call that ends
+stops being renewed; a process that dies stops renewing, and its lease then runs out as
+before. Calls shorter than a third of their lease cost a dictionary entry and nothing more.
+
+    t=0 reserve (lease L)   t=L/3 renew -> now+L   t=2L/3 renew -> now+L   ... function returns
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import update
+
+from .action import iso
+from .schema import effects as E
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+    from .store import StateStore
+
+log = logging.getLogger(__name__)
+MAX_WAIT = 1.0  # seconds the thread sleeps at most: it notices a stop or a new call by then
+
+
+@dataclass
+class _Held:
+    key: str
+    action_id: str
+    attempt: int
+    lease: timedelta
+    due: float  # monotonic time of the next renewal
+
+
+class Heartbeat:
+    """Renews the leases of the calls running under one ledger (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Callable[[], datetime],
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.clock, self.monotonic = store, clock, monotonic
+        self._held: dict[int, _Held] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def holding(self, attempt: Attempt, lease: timedelta) -> Iterator[None]:
+        """Renew ``attempt``'s lease until the block ends (nothing for an unheld attempt)."""
+        if attempt.held_key is None:
+            yield
+            return
+        key, number = attempt.held_key
+        third = lease.total_seconds() / 3
+        entry = _Held(key, attempt.action.action_id, number, lease, self.monotonic() + third)
+        ident = next(self._ids)
+        with self._wake:
+            self._held[ident] = entry
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="ctrlrun-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._held.pop(ident, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = self.monotonic()
+                due = [(i, h) for i, h in self._held.items() if h.due <= now]
+                soonest = min((h.due for h in self._held.values()), default=now + MAX_WAIT)
+                if not due:
+                    self._wake.wait(min(MAX_WAIT, max(soonest - now, 0.01)))
+                    continue
+            for ident, held in due:
+                self._renew(ident, held)
+
+    def _renew(self, ident: int, held: _Held) -> None:
+        third = held.lease.total_seconds() / 3
+        try:
+            moved = self.extend(held)
+        except Exception as exc:  # the ledger is away: try again soon, the lease still runs
+            log.warning("cannot renew the lease of %s: %s", held.key, exc)
+            held.due = self.monotonic() + min(third, MAX_WAIT)
+            return
+        if not moved:
+            # The record is no longer this running attempt's: it ended meanwhile (fine), or its
+            # lease ran out before a renewal was written and a contender ambiguated it.
+            with self._wake:
+                still_running = self._held.pop(ident, None) is not None
+            if still_running:
+                log.warning("%s: the lease ran out while its function was running", held.key)
+            return
+        held.due = self.monotonic() + third
+
+    def extend(self, held: _Held) -> bool:
+        """Move the lease of a running attempt to the ledger's now plus its whole lease."""
+        until = iso(self.clock() + held.lease)
+        stmt = (
+            update(E)
+            .where(
+                E.c.effect_key == held.key,
+                E.c.state == "executing",
+                E.c.action_id == held.action_id,
+                E.c.attempt == held.attempt,
+            )
+            .values(lease_expires_at=until)
+        )
+        with self.store.transaction() as conn:
+            return int(conn.execute(stmt).rowcount) == 1
