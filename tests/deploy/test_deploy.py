@@ -317,3 +317,14 @@ def test_systemd_agent_drop_in_verifies(tmp_path: Path) -> None:
         if "refund-agent.service" in line and ("Unknown" in line or "Failed" in line)
     ]
     assert not problems, output
+
+
+@pytest.mark.parametrize("where", ["configmap", "policy"])
+def test_shipped_policies_deny_egress_beyond_the_listed_hosts(where: str) -> None:
+    """The pod's only way out is the sidecar; the sidecar's way out is the egress list."""
+    if where == "configmap":
+        text = documents(DEPLOY / "kubernetes" / "configmap.yaml")[0]["data"]["ctrlrun.yaml"]
+    else:
+        text = (DEPLOY / "policy.yaml").read_text()
+    egress = yaml.safe_load(text)["egress"]
+    assert egress["default"] == "deny" and "api.openai.com" in egress["allow"]
