@@ -45,6 +45,7 @@ from .config import (
 from .egress import Egress, parse_egress
 from .limits import Limits, parse_limits
 from .mcp_config import MCP_PROFILES, STRIPE_API, McpSettings, parse_mcp
+from .notify import NOTIFY
 from .route_values import WRITE_METHODS
 
 PROFILES = ("stripe", "kubernetes", "http", *MCP_PROFILES)
@@ -337,7 +338,7 @@ LIMITS: Section[Limits] = Section(
     "limits", lambda value, where, _: parse_limits(value, where), empty=Limits()
 )
 # Every section the proxy owns, in the order their errors are reported.
-SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS, EGRESS, LIMITS)
+SECTIONS: tuple[Section[Any], ...] = (UPSTREAMS, AGENTS, EGRESS, LIMITS, NOTIFY)
 
 
 def load_policy(path: str | os.PathLike[str] | None = None) -> Policy:

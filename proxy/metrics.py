@@ -43,6 +43,12 @@ class Metrics:
         self.reconciliations = Counter(
             "ctrlrun_reconciliations", "Reconciler answers", ["answer"], registry=self.registry
         )
+        self.notify_failures = Counter(
+            "ctrlrun_notify_failures",
+            "Webhook deliveries that failed (each is retried with backoff)",
+            ["url"],
+            registry=self.registry,
+        )
         self.store_errors = Counter(
             "ctrlrun_store_errors", "Ledger errors that refused a request", registry=self.registry
         )

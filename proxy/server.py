@@ -32,6 +32,8 @@ from .forward import Forwarder
 from .gate import Gate
 from .guard import Guard
 from .metrics import Metrics
+from .notifier import Notifier
+from .notify import NOTIFY
 from .principal import Principals
 from .recognize import Recognizer
 from .stall import StallGuard
@@ -81,6 +83,9 @@ class Sidecar:
         self.limits = self.config.limits
         self.principals = Principals(settings.principal, self.config.agents)
         self.reconcilers = registry.build(self.upstreams)
+        self.hooks = self.policy.section(NOTIFY)
+        for hook in self.hooks:
+            hook.secret()  # a webhook whose secret is not set: a start-up error, not a surprise
 
     def reload(self) -> bool:
         """Load the policy file again; keep the old one in force if the new one fails."""
@@ -209,6 +214,7 @@ async def run(
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
         loop.add_signal_handler(signal.SIGINT, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
+    notifier = _notifier(sidecar, metrics)
     runner = asyncio.create_task(master.run())
     sweeper = asyncio.create_task(_sweep_forever(sidecar))
     waiter = asyncio.create_task(stopping.wait())
@@ -216,6 +222,8 @@ async def run(
     await _drain(guard, sidecar)
     sweeper.cancel()
     waiter.cancel()
+    if notifier is not None:
+        await asyncio.to_thread(notifier.stop)
     if admin is not None:
         admin.close()
     master.shutdown()
@@ -264,6 +272,15 @@ def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, obj
     if isinstance(context.get("exception"), asyncio.CancelledError):
         return
     loop.default_exception_handler(context)
+
+
+def _notifier(sidecar: Sidecar, metrics: Metrics) -> Notifier | None:
+    if not sidecar.hooks:
+        return None
+    failed = metrics.notify_failures
+    return Notifier(
+        sidecar.store, sidecar.hooks, on_failure=lambda h: failed.labels(url=h.url).inc()
+    ).start()
 
 
 async def _sweep_forever(sidecar: Sidecar) -> None:

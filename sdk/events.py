@@ -26,6 +26,8 @@ class EventType(StrEnum):
     RECONCILIATION_STARTED = "RECONCILIATION_STARTED"
     RECONCILIATION_RESOLVED = "RECONCILIATION_RESOLVED"
     EFFECT_RESOLVED = "EFFECT_RESOLVED"
+    LEDGER_FROZEN = "LEDGER_FROZEN"
+    LEDGER_UNFROZEN = "LEDGER_UNFROZEN"
 
 
 # The events ``ctrlrun receipts`` shows between receipts: why a record moved.

@@ -21,6 +21,8 @@ from sqlalchemy import Connection, delete, insert, select
 
 from .action import canonical_bytes, iso, new_id, sha256
 from .errors import InvalidArgument
+from .events import EventType
+from .ledger import append_event
 from .receipts import Receipt, write_receipt
 from .schema import freezes
 
@@ -81,6 +83,8 @@ def freeze(
     row = Freeze(scope, reason.strip(), by, iso(now))
     conn.execute(delete(freezes).where(freezes.c.scope == scope))
     conn.execute(insert(freezes).values(**row.__dict__))
+    data = {"scope": scope, "reason": row.reason, "by": by}
+    append_event(conn, now, EventType.LEDGER_FROZEN, data=data)
     arguments = {"scope": scope, "reason": row.reason}
     return row, operator_receipt(conn, "ctrlrun.freeze", arguments, by, now)
 
@@ -89,6 +93,7 @@ def unfreeze(conn: Connection, scope: str, *, by: str, now: datetime) -> Receipt
     """Lift the freeze of ``scope``; None when it was not frozen (nothing is recorded)."""
     if conn.execute(delete(freezes).where(freezes.c.scope == scope)).rowcount == 0:
         return None
+    append_event(conn, now, EventType.LEDGER_UNFROZEN, data={"scope": scope, "by": by})
     return operator_receipt(conn, "ctrlrun.unfreeze", {"scope": scope}, by, now)
 
 

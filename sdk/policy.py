@@ -68,6 +68,7 @@ TOP_KEYS = {
     "agents": SCHEMA_V2,  # the proxy's
     "egress": SCHEMA_V2,  # the proxy's
     "limits": SCHEMA_V2,  # the proxy's
+    "notify": SCHEMA_V2,  # the proxy's: webhooks (proxy/notify.py)
     "operators": SCHEMA_V2,  # the kernel's: who may approve, resolve, freeze (operators.py)
 }
 # Sections the kernel reads from every policy, whoever loads it.

@@ -109,6 +109,19 @@ approvals = Table(
 )
 Index("approvals_by_status", approvals.c.status)
 
+# Webhook deliveries (revision 0014): how far each webhook has read the events (notify.py).
+notify_cursors = Table(
+    "notify_cursors",
+    metadata,
+    Column("target", String(80), primary_key=True),
+    Column("last_event_id", BigInteger, nullable=False),
+    Column("holder", String(80)),
+    Column("lease_until", String(32)),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("next_at", String(32)),
+    Column("last_error", Text),
+)
+
 # The kill switch (revision 0013): one row per frozen scope, "*" for every action.
 freezes = Table(
     "freezes",
