@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, free_port, start_sidecar
 from rawproxy import Recorder, connect, plain
 
 from ctrlrun.receipts import load_receipts
@@ -160,3 +160,38 @@ def test_every_refusal_kind_leaves_a_receipt_without_the_body(
     for receipt in got[1:]:
         assert receipt["arguments"]["upstream"] == "cluster"  # type: ignore[index]
         assert "hunter2" not in json.dumps(receipt)
+
+
+GUARDED_SITE = """\
+schema: ctrlrun.policy/v2
+actions: {{}}
+upstreams:
+  site:
+    profile: http
+    url: http://127.0.0.1:SITE
+    listen: 127.0.0.1:LISTEN
+    unmapped_writes: allow
+"""
+
+
+def test_no_proxy_authorization_reaches_a_guarded_upstream_either(tmp_path: Path) -> None:
+    with FakeStripe() as stripe, FakeKubernetes() as kube, Recorder() as site:
+        listen = free_port()
+        text = GUARDED_SITE.replace("SITE", str(site.port)).replace("LISTEN", str(listen))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True)
+        try:
+            proxy, r = port_of(sc), site.port
+            auth = {"Proxy-Authorization": CREDENTIAL}
+            url = f"http://127.0.0.1:{r}"
+            # Through the explicit proxy: a read (mitmproxy forwards it), a write (ctrlrun does).
+            assert plain(proxy, "GET", url + "/r", f"127.0.0.1:{r}", headers=auth).status == 200
+            assert plain(proxy, "POST", url + "/w", f"127.0.0.1:{r}", headers=auth).status == 200
+            # Inside a tunnel to the upstream, and on its reverse listener.
+            inside = connect(proxy, f"localhost:{r}", "POST", "/t", f"localhost:{r}", headers=auth)
+            assert inside.status == 200
+            direct = plain(listen, "POST", "/v", f"127.0.0.1:{listen}", headers=auth)
+            assert direct.status == 200
+        finally:
+            sc.stop()
+    assert [path for _, path, _ in site.seen] == ["/r", "/w", "/t", "/v"]
+    assert all("proxy-authorization" not in headers for _, _, headers in site.seen)
