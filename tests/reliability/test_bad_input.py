@@ -302,6 +302,8 @@ def test_classification_is_total_and_follows_the_table(
         assert outcome == "committed"
     elif status in (408, 424) or status >= 500 or status < 400:
         assert outcome == "ambiguous"
+    elif status == 409 and profile == "stripe":
+        assert outcome == "ambiguous"  # Stripe's key in use: the first request may still apply
     else:
         assume(not (status == 409 and profile == "kubernetes" and action == "k8s.delete_namespace"))
         assert outcome == "failed"

@@ -162,7 +162,7 @@ REMOTE_ROWS = [
     ("402 card declined", 402, "failed", 402),
     ("404", 404, "failed", 404),
     ("408", 408, "ambiguous", 504),
-    ("409", 409, "failed", 409),
+    ("409 (another request with the key may still apply it)", 409, "ambiguous", 504),
     ("424", 424, "ambiguous", 504),
     ("429", 429, "failed", 429),
     ("500", 500, "ambiguous", 504),
