@@ -18,6 +18,7 @@ from typing import Any
 STATUSES: dict[str, tuple[int, int, int]] = {
     "denied": (403, 403, 403),
     "frozen": (403, 403, 403),
+    "budget_exceeded": (403, 403, 403),
     "approval_required": (403, 403, 403),
     "approval_invalid": (403, 403, 403),
     "duplicate": (409, 403, 409),
@@ -114,6 +115,8 @@ def _message(
         "if this action should be allowed",
         "frozen": "Nothing was forwarded; do not retry until an operator lifts the freeze "
         "('ctrlrun unfreeze')",
+        "budget_exceeded": "Nothing was forwarded; the action's budget: has too little left in "
+        "this window ('ctrlrun budgets' shows what is left); retry after the window turns",
         "approval_required": f"A human must approve it: run 'ctrlrun approve {approval}'; then "
         + (
             "re-send the identical request, once (no header needed; a changed request is a "

@@ -5,6 +5,7 @@ Every exception that stops a protected request before it is forwarded becomes a
 (``answers.STATUSES``)::
 
     ActionFrozen          frozen                        frozen   (the kill switch)
+    BudgetExceeded        budget_exceeded               budget_exceeded   (budget: spent)
     ActionDenied          denied                        .reason
       reason approval_denied  approval_invalid          (a presented approval a human denied)
     ApprovalRequired      approval_required             .request_id
@@ -34,6 +35,7 @@ from ctrlrun.errors import (
     ApprovalMismatch,
     ApprovalRequired,
     ApprovalTimeout,
+    BudgetExceeded,
     CTRLRunError,
     DuplicateEffect,
     EffectKeyError,
@@ -98,6 +100,7 @@ def _duplicate(exc: DuplicateEffect, approval: str | None) -> tuple[str, str, st
 
 REFUSALS: dict[type[BaseException], Row] = {
     ActionFrozen: _fixed("frozen", "frozen"),
+    BudgetExceeded: _fixed("budget_exceeded", "budget_exceeded"),
     ActionDenied: _denied,
     ApprovalRequired: lambda exc, _: ("approval_required", "approval_required", exc.request_id),
     ApprovalMismatch: lambda exc, _: ("approval_invalid", exc.reason, exc.approval_id),

@@ -12,6 +12,7 @@ Verdicts (observe mode never refuses, but for a freeze: it plans ``RESERVE`` or 
 ``would_have``)::
 
     FROZEN            an operator froze it (kill switch)   ACTION_DENIED, receipt blocked
+    BUDGET_EXCEEDED   the action's budget: has too little  ACTION_DENIED, receipt blocked
     DENY              the policy says no                   ACTION_DENIED, receipt denied
     NEEDS_APPROVAL    approve, nothing presented           an approval request, no receipt
     APPROVAL_INVALID  the presented approval is unusable   receipt blocked (denied if denied)
@@ -28,11 +29,15 @@ the writer inserts first and reads the record only when the insert finds the key
 
 New inputs slot in as fields of ``Facts`` and a branch here, not as new parameters: the
 freeze switch, ``Facts.frozen``, is checked before the decision, a refusal with outcome
-``frozen`` (receipt blocked) that needs no record, so the rule above still holds. Upcoming:
+``frozen`` (receipt blocked) that needs no record, so the rule above still holds. A budget,
+``Facts.budget`` (its row's spending, read locked in the same transaction), is checked before
+the record: past its limit the plan is ``BUDGET_EXCEEDED`` (``ActionDenied`` reason
+``budget_exceeded``, receipt blocked, no approval consumed, no record needed, so a duplicate
+of a spent budget hears budget_exceeded); otherwise a ``RESERVE`` or ``RUN`` plan carries one
+more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is spent
+atomically with the reservation and a lost race re-plans. Observe mode spends nothing and
+notes ``budget_exceeded`` in ``would_have``. Upcoming:
 
-- a budget, ``Facts.budget`` (what remains, read in the same transaction): a ``RESERVE`` plan
-  carries one more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is
-  spent atomically with the reservation and a lost race re-plans;
 - a standing approval (``Facts.resend``, unless the policy says ``approval: header``): with
   no id presented, the writer looks up "a granted, unconsumed approval for this very action
   hash" (the hash covers the principal) and passes its row as ``Facts.approval`` (and its
@@ -49,8 +54,10 @@ from typing import Any, Literal
 from .action import iso
 from .approvals import Approval, check_consumable
 from .attempt import Attempt
+from .budgets import BudgetCharge
 from .events import EventType as E
 from .plan import (
+    ConsumeBudget,
     Facts,
     InsertApproval,
     InsertEffect,
@@ -129,6 +136,7 @@ def attempt_of(f: Facts, plan: Plan) -> Attempt:
         held=plan.held,
         would_have=plan.would_have,
         lease=f.lease,
+        budget=next((w.charge for w in plan.writes if isinstance(w, ConsumeBudget)), None),
     )
 
 
@@ -159,6 +167,30 @@ def _frozen(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
         (*head, denied),
         receipt=ReceiptSpec("blocked", why),
         refusal=Refusal("frozen", "frozen", why, action_id=a.action_id),
+    )
+
+
+def _budget(f: Facts) -> ConsumeBudget | str | None:
+    """The budget write this attempt makes, or why it is refused; None: it has no budget."""
+    b = f.budget
+    if b is None:
+        return None
+    if b.charge is None:
+        return f"{b.action}: its budget ({b.rule}) cannot measure this request"
+    if (b.spent or 0) + b.charge > b.max:
+        return f"{b.action}: budget exceeded ({b.rule}): {b.left()} left, this asks {b.charge}"
+    return ConsumeBudget(b, BudgetCharge(b.action, b.scope, b.window_start, b.charge))
+
+
+def _over_budget(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
+    a = f.action
+    data = {"reason": "budget_exceeded", "detail": why}
+    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
+    return Plan(
+        Verdict.BUDGET_EXCEEDED,
+        (*head, denied),
+        receipt=ReceiptSpec("blocked", why),
+        refusal=Refusal("budget", "budget_exceeded", why, action_id=a.action_id),
     )
 
 
@@ -240,6 +272,13 @@ def _place(
     spend: tuple[Write, ...] = () if taken is None else (taken.write,)
     consumed: tuple[NewEvent, ...] = () if taken is None else (taken.event,)
     approval = None if taken is None else taken.approval
+    budget = _budget(f)
+    if isinstance(budget, str):
+        if f.mode != "observe":
+            return _over_budget(f, head, budget)
+        would_have = would_have or _would_have(f, "budget_exceeded")
+    elif budget is not None and f.mode != "observe":  # observe mode spends nothing
+        spend = (*spend, budget)
     key = f.effect_key
     if key is None:
         started = NewEvent(E.EXECUTION_STARTED, f.action.action_id)

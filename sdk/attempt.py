@@ -11,6 +11,7 @@ from sqlalchemy import Connection
 
 from .action import Action, iso
 from .approvals import Approval
+from .budgets import BudgetCharge
 from .context import idempotency_token_for
 from .receipts import Receipt, write_receipt
 
@@ -31,6 +32,7 @@ class Attempt:
     would_have: Mapping[str, str] | None = None  # observe mode: what enforcement would have done
     reconciled: bool = False  # the one reconcile call of this attempt has been made
     lease: timedelta | None = None  # the lease it holds its key under (renewed while it runs)
+    budget: BudgetCharge | None = None  # what it spent of its budget (given back if it fails)
 
     @property
     def held_key(self) -> tuple[str, int] | None:

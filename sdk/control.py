@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from . import ledger
+from . import budgets, ledger
 from .action import Action, Principal, iso, new_id, parse_iso
 from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, describe
@@ -133,6 +133,7 @@ class Control:
             idempotency_key=idempotency_key,
             upstream=upstream,
             started_at=now,
+            budget=_budget_ask(policy, action, now),
         )
         admitted = admit(self.store, facts)
         if admitted.plan.verdict is Verdict.RECONCILE_FIRST:
@@ -192,6 +193,8 @@ class Control:
                     # saw cannot be written over it, so this attempt is recorded as ambiguous.
                     error = f"outcome {outcome} not recorded: the record moved while executing"
                     outcome, event = "ambiguous", EventType.EXECUTION_AMBIGUOUS
+            if outcome == "failed" and attempt.budget is not None:
+                budgets.refund(conn, attempt.budget)  # it did not happen: give its amount back
             data = {"error": error} if outcome != "committed" else {}
             pos = ledger.append_event(
                 conn, now, event, action_id=action.action_id, effect_key=key, data=data
@@ -380,3 +383,10 @@ def build_action(
     except EffectKeyError as exc:
         raise InvalidArgument(f"{name}: resource {exc}") from exc
     return replace(action, resource=res)
+
+
+def _budget_ask(policy: Policy, action: Action, now: datetime) -> budgets.BudgetAsk | None:
+    budget = policy.budget(action.name)
+    if budget is None:
+        return None
+    return budgets.ask(budget, action.name, action.principal, action.arguments, now)

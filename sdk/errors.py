@@ -77,6 +77,22 @@ class ActionFrozen(ActionDenied):
         super().__init__("frozen", message, action_id=action_id, receipt_id=receipt_id)
 
 
+class BudgetExceeded(ActionDenied):
+    """The action's ``budget:`` has too little left in this window for what it asks.
+
+    Its ``reason`` is ``budget_exceeded``; its message names the budget and what is left.
+    """
+
+    def __init__(
+        self,
+        message: str = "budget_exceeded",
+        *,
+        action_id: str | None = None,
+        receipt_id: str | None = None,
+    ):
+        super().__init__("budget_exceeded", message, action_id=action_id, receipt_id=receipt_id)
+
+
 class ApprovalRequired(CTRLRunError):
     """The policy wants a human to approve this action first."""
 

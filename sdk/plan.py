@@ -17,12 +17,14 @@ from typing import Any, Literal
 
 from .action import Action
 from .approvals import DEFAULT_TTL, Approval
+from .budgets import BudgetAsk, BudgetCharge
 from .errors import (
     ActionDenied,
     ActionFrozen,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
+    BudgetExceeded,
     CTRLRunError,
     DuplicateEffect,
 )
@@ -57,12 +59,14 @@ class Facts:
     upstream: str | None = None
     started_at: datetime | None = None  # when the call began (None: now)
     frozen: str | None = None  # why the action is frozen (the kill switch), None: it is not
+    budget: BudgetAsk | None = None  # the budget row it spends (budgets.py), read in the txn
 
 
 class Verdict(StrEnum):
     """What admission decided (see the module docstring)."""
 
     FROZEN = "frozen"
+    BUDGET_EXCEEDED = "budget_exceeded"
     DENY = "deny"
     NEEDS_APPROVAL = "needs_approval"
     APPROVAL_INVALID = "approval_invalid"
@@ -121,9 +125,17 @@ class MoveApproval:
     values: Mapping[str, Any] = field(default_factory=dict)
 
 
-Write = InsertEffect | MoveEffect | InsertApproval | MoveApproval
+@dataclass(frozen=True)
+class ConsumeBudget:
+    """A compare-and-set of a budget row's ``spent``, from what was read to ``spent + amount``."""
+
+    ask: BudgetAsk
+    charge: BudgetCharge
+
+
+Write = InsertEffect | MoveEffect | InsertApproval | MoveApproval | ConsumeBudget
 RefusalKind = Literal[
-    "frozen", "denied", "approval_required", "approval_invalid", "duplicate", "ambiguous"
+    "frozen", "budget", "denied", "approval_required", "approval_invalid", "duplicate", "ambiguous"
 ]
 
 
@@ -143,6 +155,8 @@ class Refusal:
         r, m, kw = self.reason, self.message, {"receipt_id": receipt_id}
         if self.kind == "frozen":
             return ActionFrozen(m or r, action_id=self.action_id, **kw)
+        if self.kind == "budget":
+            return BudgetExceeded(m or r, action_id=self.action_id, **kw)
         if self.kind == "denied":
             return ActionDenied(r, m, action_id=self.action_id, **kw)
         if self.kind == "approval_required":

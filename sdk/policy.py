@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from .action import canonical_bytes, sha256
+from .budgets import Budget, parse_budget
 from .conditions import Condition, parse_conditions
 from .config import policy_path
 from .errors import PolicyError
@@ -80,6 +81,7 @@ ACTION_KEYS = {
     "resource": SCHEMA_V2,
     "window": SCHEMA_V2,
     "approval": SCHEMA_V2,
+    "budget": SCHEMA_V2,  # budgets.py
 }
 # How a granted approval may be used: by the identical action re-sent ("resend", so a client
 # that cannot add a header, such as kubectl, can finish it), or only when presented ("header").
@@ -132,6 +134,7 @@ class ActionPolicy:
     resource: Template | None = None
     window: timedelta | None = None
     approval: Literal["resend", "header"] = "resend"
+    budget: Budget | None = None
 
     def evaluate(self, arguments: Mapping[str, Any]) -> Evaluation:
         if self.decision is not None:
@@ -255,6 +258,10 @@ class Policy:
         entry = self.actions.get(name)
         return entry.window if entry is not None else None
 
+    def budget(self, name: str) -> Budget | None:
+        entry = self.actions.get(name)
+        return entry.budget if entry is not None else None
+
     def approval_by_header_only(self, name: str) -> bool:
         """Whether a granted approval for ``name`` is used only when presented by its id."""
         entry = self.actions.get(name)
@@ -338,6 +345,9 @@ def _action(name: str, value: Any, where: Where, schema: str) -> ActionPolicy:
             Literal["resend", "header"],
             expect_choice(value.get("approval", "resend"), at("approval"), APPROVAL_USES),
         ),
+        budget=parse_budget(value["budget"], at("budget"), parse_window)
+        if "budget" in value
+        else None,
     )
 
 

@@ -132,4 +132,14 @@ freezes = Table(
     Column("frozen_at", String(32), nullable=False),
 )
 
+# Budgets (revision 0015): what each scope has spent of an action's budget in one window.
+budgets = Table(
+    "budgets",
+    metadata,
+    Column("action", String, primary_key=True),
+    Column("scope", String, primary_key=True),  # "agent:NAME", "user:NAME" or "*"
+    Column("window_start", String(32), primary_key=True),
+    Column("spent", BigInteger, nullable=False),
+)
+
 GENESIS_HASH = "sha256:" + "00" * 32

@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
 
-from . import ledger
+from . import budgets, ledger
 from .action import iso
 from .admission import attempt_of, plan_admission, wants_approval_row, wants_standing_approval
 from .attempt import Attempt, attempt_receipt
 from .errors import AmbiguousEffect
 from .freeze import FreezeCache
 from .plan import (
+    ConsumeBudget,
     Facts,
     InsertApproval,
     InsertEffect,
@@ -76,6 +77,9 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
         row = ledger.granted_approval(conn, facts.action.hash, iso(facts.now))
         if row is not None:  # the identical action, approved: consumed as if presented
             facts = replace(facts, approval_id=row["approval_id"], approval=row)
+    if facts.budget is not None:  # locked until commit: racers for the row queue, not lose
+        spent = budgets.read_for_update(conn, facts.budget)
+        facts = replace(facts, budget=replace(facts.budget, spent=spent))
     plan = plan_admission(facts)
     writes = plan.writes
     if writes and isinstance(writes[0], InsertEffect):
@@ -110,6 +114,8 @@ def _write(conn: Connection, write: Write) -> bool:
         return ledger.move_approval(
             conn, write.approval_id, old=write.old, new=write.new, values=write.values
         )
+    if isinstance(write, ConsumeBudget):
+        return budgets.consume(conn, write.ask, (write.ask.spent or 0) + write.charge.amount)
     if isinstance(write, InsertApproval):
         ledger.insert_approval(conn, write.values)
         return True

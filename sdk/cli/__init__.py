@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from . import approvals, effects, operators, policy, proxy, receipts
+from . import approvals, budgets, effects, operators, policy, proxy, receipts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -41,6 +41,7 @@ COMMANDS = (
     operators.freeze,
     operators.unfreeze,
     operators.freezes,
+    budgets.budgets,
     proxy.proxy,
     proxy.demo,
 )

@@ -21,6 +21,7 @@ from ctrlrun.errors import (
     ApprovalMismatch,
     ApprovalRequired,
     ApprovalTimeout,
+    BudgetExceeded,
     CTRLRunError,
     DuplicateEffect,
     EffectKeyError,
@@ -56,6 +57,7 @@ def import_everything() -> None:
 EXPECTED: list[tuple[CTRLRunError, str, str, str | None]] = [
     (ActionDenied("no_rule_matched"), "denied", "no_rule_matched", None),
     (ActionFrozen("every action is frozen by alice: incident"), "frozen", "frozen", None),
+    (BudgetExceeded("refund: 5 left"), "budget_exceeded", "budget_exceeded", None),
     (ApprovalRequired("apr_1"), "approval_required", "approval_required", "apr_1"),
     (ApprovalMismatch("mismatch", approval_id="apr_2"), "approval_invalid", "mismatch", "apr_2"),
     (ApprovalTimeout("apr_3"), "approval_invalid", "approval_timeout", "apr_3"),

@@ -19,6 +19,7 @@ PINNED = [
     "ApprovalMismatch",
     "ApprovalRequired",
     "ApprovalTimeout",
+    "BudgetExceeded",
     "CTRLRunError",
     "Control",
     "Decision",
