@@ -32,6 +32,7 @@ from . import kube_result, queue_cap, receipted, relay, replay, settle, stripe_p
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
+from .decision_log import refused_fields, traced
 from .forward import Forwarded, Forwarder, forward_headers
 from .handled import Handled
 from .ledger_health import LedgerHealth
@@ -93,7 +94,8 @@ class Guard:
                 if isinstance(got, Refusal):
                     return self.refused(upstream, request, got)
                 mapped, request, target = got.mapped, got.request, got.target
-            return await self._protected(upstream, request, mapped, target, headers, principal)
+            protected = self._protected(upstream, request, mapped, target, headers, principal)
+            return await traced(protected, headers, self.control)  # one span, its decision
         finally:
             self.active -= 1
 
@@ -201,6 +203,7 @@ class Guard:
                 request.path,
                 refusal.outcome,
                 refusal.reason,
+                extra=refused_fields(refusal, self.control),
             )
         return Handled(
             refusal.answer(up.profile),

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from . import tracing
 from .action import Action, iso
 from .approvals import Approval
 from .budgets import BudgetCharge
@@ -80,10 +81,28 @@ def attempt_receipt(
         "started_at": iso(attempt.started_at),
         "finished_at": iso(now),
     }
+    trace_id = tracing.trace_id()
+    if trace_id is not None:  # optional: only a traced request or call has one
+        fields["trace_id"] = trace_id
     if result == "observed":
         fields["execution"] = execution
         fields["would_have"] = None if attempt.would_have is None else dict(attempt.would_have)
     return write_receipt(conn, fields, event_pos=event_pos)
+
+
+def decided(
+    attempt: Attempt, outcome: str, reason: str | None, receipt_id: str | None
+) -> dict[str, Any]:
+    """The decision's fields, for its log line's ``extra`` (and the current span)."""
+    return tracing.decision(
+        action=attempt.action.name,
+        effect_key=attempt.effect_key,
+        outcome=outcome,
+        reason=reason,
+        receipt_id=receipt_id,
+        policy_hash=attempt.policy_hash,
+        agent=attempt.action.principal.agent,
+    )
 
 
 def describe(exc: BaseException) -> str:

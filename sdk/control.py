@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from . import budgets, ledger
 from .action import Action, Principal, iso, new_id, parse_iso
 from .approvals import DEFAULT_TTL
-from .attempt import Attempt, attempt_receipt, describe
+from .attempt import Attempt, attempt_receipt, decided, describe
 from .context import attempt_token
 from .errors import (
     ApprovalMismatch,
@@ -151,12 +151,13 @@ class Control:
         if plan.refusal is None:
             return admitted.attempt
         refusal = plan.refusal
+        extra = decided(admitted.attempt, plan.verdict.value, refusal.reason, receipt_id)
         if plan.verdict is Verdict.DENY:
-            log.info("%s denied (%s) receipt=%s", name, refusal.reason, receipt_id)
+            log.info("%s denied (%s) receipt=%s", name, refusal.reason, receipt_id, extra=extra)
         elif plan.verdict is Verdict.NEEDS_APPROVAL:
-            log.info("%s needs approval %s", name, refusal.request_id)
+            log.info("%s needs approval %s", name, refusal.request_id, extra=extra)
         else:
-            log.info("%s refused: %s receipt=%s", name, plan.verdict.value, receipt_id)
+            log.info("%s refused: %s receipt=%s", name, plan.verdict.value, receipt_id, extra=extra)
         raise refusal.error(receipt_id)
 
     # -- after execution ---------------------------------------------------------------------
@@ -209,7 +210,10 @@ class Control:
                 error=error,
                 event_pos=pos,
             )
-        log.info("%s %s key=%s receipt=%s", action.name, outcome, key, receipt.receipt_id)
+        extra = decided(attempt, outcome, None, receipt.receipt_id)
+        log.info(
+            "%s %s key=%s receipt=%s", action.name, outcome, key, receipt.receipt_id, extra=extra
+        )
         return receipt
 
     def execute(

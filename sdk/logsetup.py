@@ -5,20 +5,31 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
+from . import tracing
 from .action import iso, utc_now
+
+FIELDS = ("action", "effect_key", "outcome", "reason", "receipt_id", "policy_hash", "agent")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ts, level, logger, message."""
+    """One JSON object per record: ts, level, logger, message, and a decision's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "ts": iso(utc_now()),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        fields = getattr(record, "ctrlrun", None)
+        fields = fields if isinstance(fields, dict) else {}
+        doc.update({k: fields[k] for k in FIELDS if fields.get(k) is not None})
+        # Any line logged inside a protected request or call names its trace.
+        trace_id = fields.get("trace_id") or tracing.trace_id()
+        if trace_id:
+            doc["trace_id"] = trace_id
         if record.exc_info and record.exc_info[0] is not None:
             doc["error"] = record.exc_info[0].__name__
         return json.dumps(doc)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
+from . import tracing
 from .action import Action
 from .attempt import Attempt
 from .context import attempt_token, current_principal, presented_approval
@@ -86,16 +87,17 @@ def protect(
 def _sync_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        call = _Call(spec, control, args, kwargs)
-        attempt = call.begin()
-        pos, kw = call.arguments()
-        value, _ = call.ctl.run(
-            attempt,
-            lambda: fn(*pos, **kw),
-            reconcile=spec.reconcile,
-            reconcile_eagerly=spec.reconcile_eagerly,
-        )
-        return value
+        with tracing.protected(spec.name):  # a span, child of the caller's, if otel is set up
+            call = _Call(spec, control, args, kwargs)
+            attempt = call.begin()
+            pos, kw = call.arguments()
+            value, _ = call.ctl.run(
+                attempt,
+                lambda: fn(*pos, **kw),
+                reconcile=spec.reconcile,
+                reconcile_eagerly=spec.reconcile_eagerly,
+            )
+            return value
 
     return wrapper
 
@@ -103,17 +105,18 @@ def _sync_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) 
 def _async_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) -> Any:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        call = _Call(spec, control, args, kwargs)
-        attempt = await _admit(call)
-        pos, kw = call.arguments()
-        try:
-            with attempt_token(attempt.held_key), call.ctl.holding(attempt):
-                value = await fn(*pos, **kw)
-        except BaseException as exc:
-            await _to_the_end(call.settle, attempt, exc)
-            raise
-        await _to_the_end(call.settle, attempt, None)
-        return value
+        with tracing.protected(spec.name):
+            call = _Call(spec, control, args, kwargs)
+            attempt = await _admit(call)
+            pos, kw = call.arguments()
+            try:
+                with attempt_token(attempt.held_key), call.ctl.holding(attempt):
+                    value = await fn(*pos, **kw)
+            except BaseException as exc:
+                await _to_the_end(call.settle, attempt, exc)
+                raise
+            await _to_the_end(call.settle, attempt, None)
+            return value
 
     return wrapper
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 from harness import KUBE_TOKEN, start_sidecar
+from stripe_support import receipts_for
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
 def test_json_logs_one_object_per_line_with_each_decision(
@@ -20,6 +26,7 @@ def test_json_logs_one_object_per_line_with_each_decision(
     headers = {
         "Content-Type": "application/merge-patch+json",
         "Authorization": f"Bearer {KUBE_TOKEN}",
+        "traceparent": TRACEPARENT,
     }
     try:
         with httpx.Client(timeout=15, trust_env=False) as client:
@@ -40,3 +47,69 @@ def test_json_logs_one_object_per_line_with_each_decision(
     assert any("k8s.scale committed key=scale:prod-eu:checkout:4" in m for m in messages)
     assert any("refused" in m and "duplicate" in m for m in messages)
     assert KUBE_TOKEN not in sc.log.read_text()
+    assert '"replicas"' not in sc.log.read_text()  # never a body
+
+    # Each decision's line carries its fields, not only a message; the trace is the agent's.
+    committed = next(d for d in docs if d.get("outcome") == "committed")
+    assert committed["action"] == "k8s.scale"
+    assert committed["effect_key"] == "scale:prod-eu:checkout:4"
+    assert committed["receipt_id"] and committed["policy_hash"]
+    assert committed["trace_id"] == TRACE_ID
+    assert committed["agent"]
+    refused = [d for d in docs if d.get("outcome") == "duplicate"]
+    assert refused and all(d["trace_id"] == TRACE_ID for d in refused)
+    assert all(d["effect_key"] == "scale:prod-eu:checkout:4" for d in refused)
+    assert all(d["receipt_id"] and d["reason"] == "committed" for d in refused)
+
+
+def memory_exporter() -> Any:
+    """The in-memory exporter on this process's tracer provider (set up once: OTel allows one)."""
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="otel extra not installed")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, sdk_trace.TracerProvider):
+        provider = sdk_trace.TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = getattr(provider, "ctrlrun_test_exporter", None)
+    if exporter is None:
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.ctrlrun_test_exporter = exporter  # type: ignore[attr-defined]
+    exporter.clear()
+    return exporter
+
+
+def test_each_protected_request_is_a_span_under_the_agents_traceparent(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    exporter = memory_exporter()
+    stripe, kube = fakes
+    sc = start_sidecar(tmp_path, stripe, kube, in_process=True)
+    scale = f"{sc.kube_base}/apis/apps/v1/namespaces/default/deployments/checkout/scale"
+    headers = {
+        "Content-Type": "application/merge-patch+json",
+        "Authorization": f"Bearer {KUBE_TOKEN}",
+        "traceparent": TRACEPARENT,
+    }
+    body = b'{"spec":{"replicas":5}}'
+    try:
+        with httpx.Client(timeout=15, trust_env=False) as client:
+            assert client.patch(scale, headers=headers, content=body).status_code == 200
+            assert client.patch(scale, headers=headers, content=body).status_code == 403
+            assert client.get(scale, headers=headers).status_code == 200  # a read: no span
+    finally:
+        sc.stop()
+    spans = [s for s in exporter.get_finished_spans() if s.name == "k8s.scale"]
+    assert len(spans) == 2 and len(exporter.get_finished_spans()) == 2
+    for span in spans:
+        assert format(span.context.trace_id, "032x") == TRACE_ID
+        assert span.parent is not None and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+        assert span.attributes["ctrlrun.action"] == "k8s.scale"
+        assert span.attributes["ctrlrun.effect_key"] == "scale:prod-eu:checkout:5"
+        assert span.attributes["ctrlrun.policy_hash"].startswith("sha256:")
+    assert [s.attributes["ctrlrun.outcome"] for s in spans] == ["committed", "duplicate"]
+    receipts = receipts_for(sc, "scale:prod-eu:checkout:5")
+    assert [r["trace_id"] for r in receipts] == [TRACE_ID, TRACE_ID]  # recorded in each receipt

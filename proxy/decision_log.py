@@ -1,0 +1,67 @@
+"""The proxy's side of decision logs and traces (``ctrlrun.tracing``): one span per protected
+request, parented on the agent's ``traceparent``, and the fields of the guard's own refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ctrlrun import tracing
+
+from . import relay
+from .handled import Handled
+from .refusals import Refusal
+
+
+def traceparent(headers: Sequence[tuple[str, str]]) -> str | None:
+    """The agent's ``traceparent``; none when it sent several (W3C: then it has no parent)."""
+    values = [v for k, v in headers if k.lower() == "traceparent"]
+    return values[0] if len(values) == 1 else None
+
+
+async def traced(
+    protected: Awaitable[Handled | relay.Relayed],
+    headers: Sequence[tuple[str, str]],
+    control: Callable[[], Any],
+) -> Handled | relay.Relayed:
+    """Await the protected path inside its span; note the decision it answered with."""
+    with tracing.protected("ctrlrun.request", traceparent=traceparent(headers)):
+        got = await protected
+        answered(got, policy_hash(control))
+        return got
+
+
+def refused_fields(refusal: Refusal, control: Callable[[], Any]) -> dict[str, Any]:
+    """``extra=`` for the guard's refusal line (the kernel logs its own decisions)."""
+    return tracing.decision(
+        action=refusal.action,
+        effect_key=refusal.effect_key,
+        outcome=refusal.outcome,
+        reason=refusal.reason,
+        receipt_id=refusal.receipt_id,
+        policy_hash=policy_hash(control),
+    )
+
+
+def answered(result: Handled | relay.Relayed, policy_hash: str | None) -> None:
+    """Note the request's final decision on its span (a relayed stream: still executing)."""
+    if isinstance(result, relay.Relayed):
+        p = result.prepared
+        tracing.note(action=p.action.name, effect_key=p.effect_key, outcome="executing")
+        return
+    tracing.note(
+        action=result.action,
+        effect_key=result.effect_key,
+        outcome=result.outcome,
+        reason=result.reason,
+        receipt_id=result.receipt_id,
+        policy_hash=policy_hash,
+    )
+
+
+def policy_hash(control: Callable[[], Any]) -> str | None:
+    """The policy in force, for the record; none if the control cannot be had (logged apart)."""
+    try:
+        return str(control().policy.policy_hash)
+    except Exception:  # the refusal stands; a log field is not worth a second failure
+        return None
