@@ -67,7 +67,8 @@ def test_protect_logs_fields(
     assert fields[0]["receipt_id"] == first["receipt_id"]
     assert fields[0]["policy_hash"] == control.policy.policy_hash
     assert all(f["agent"] == "bot" and f["effect_key"] == "refund:p1" for f in fields)
-    assert "trace_id" not in first  # no tracer set up, no parent: the field is left out
+    # The receipt and the log line name the same trace (none at all without a tracer or parent).
+    assert first.get("trace_id") == fields[0].get("trace_id")
 
 
 # -- spans (the ``otel`` extra) --------------------------------------------------------------
