@@ -80,13 +80,20 @@ def protected(name: str, *, traceparent: str | None = None) -> Iterator[Traced]:
 
     ctx = TraceContextTextMapPropagator().extract({"traceparent": traceparent}) if parent else None
     tracer = trace.get_tracer("ctrlrun")
-    with tracer.start_as_current_span(name, context=ctx) as span:
+    # An exception's text may carry anything (a remote's error, an argument): the span says
+    # only its type, never its message or traceback.
+    with tracer.start_as_current_span(
+        name, context=ctx, record_exception=False, set_status_on_exception=False
+    ) as span:
         sc = span.get_span_context()
         tid = format(sc.trace_id, "032x") if sc.is_valid else (parent[0] if parent else None)
         traced = Traced(tid, span)
         token = _current.set(traced)
         try:
             yield traced
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            raise
         finally:
             _current.reset(token)
 

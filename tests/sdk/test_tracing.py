@@ -120,4 +120,5 @@ def test_protect_call_is_a_span_child_of_the_callers(
         assert span.attributes["ctrlrun.policy_hash"] == control.policy.policy_hash
         assert not any("amount" in k or "payment" in k for k in span.attributes)  # no arguments
     assert [s.attributes["ctrlrun.outcome"] for s in ours] == ["committed", "duplicate"]
+    assert ours[1].status.description == "DuplicateEffect" and not ours[1].events  # no message
     assert [r["trace_id"] for r in receipts(store)] == [trace_id, trace_id]
