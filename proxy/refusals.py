@@ -46,6 +46,7 @@ from ctrlrun.errors import (
     SchemaMismatch,
     StoreError,
 )
+from ctrlrun.identity import LedgerLost
 from ctrlrun.reconcile import NotAmbiguous
 from ctrlrun.store import NoLedger
 
@@ -112,6 +113,7 @@ REFUSALS: dict[type[BaseException], Row] = {
     StoreError: _fixed("unavailable", "store_unavailable"),
     SchemaMismatch: _fixed("unavailable", "store_unavailable"),
     NoLedger: _fixed("unavailable", "store_unavailable"),
+    LedgerLost: _fixed("unavailable", "store_unavailable"),
     # Never raised on the protected path: if one is, it is a bug, and the request is refused.
     NotAmbiguous: _fixed("unavailable", "internal_error"),
     PolicyError: _fixed("unavailable", "internal_error"),

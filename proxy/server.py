@@ -57,6 +57,7 @@ class ProxySettings:
     confdir: str = "~/.mitmproxy"
     sweep_interval: float = 60.0
     reconcile_deadline: float = 10.0
+    create_ledger: bool = False  # a new ledger even where one was created before and is gone
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -76,7 +77,9 @@ class Sidecar:
         self.policy_file = policy_path(settings.policy)
         self.policy = load_policy(self.policy_file)
         self.config = proxy_config(self.policy)
-        self.store: StateStore = open_default_store(settings.store_url, self.policy_file)
+        self.store: StateStore = open_default_store(
+            settings.store_url, self.policy_file, new=settings.create_ledger
+        )
         self.control = Control(self.policy, self.store)
         self.upstreams: Sequence[Upstream] = self.config.upstreams
         self.egress = self.config.egress

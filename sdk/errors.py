@@ -15,6 +15,7 @@ Every one of them derives from :class:`CTRLRunError`::
      +-- NotExecuted          raised by an executor: the remote certainly did nothing
      +-- StoreError           the ledger could not be read or written
      |    +-- SchemaMismatch  the ledger's schema is newer than (or foreign to) this code
+     |    +-- LedgerLost      not the ledger created here, or lost while in use (identity.py)
      +-- MissingDependency    an optional extra is not installed              .module .extra
 
 Every constructor takes ``receipt_id=`` (keyword only): the receipt that records the refusal,

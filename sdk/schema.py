@@ -93,6 +93,15 @@ receipt_chain = Table(
     Column("hash", String(80), nullable=False),
 )
 
+# Revision 0011: the ledger's identity, written once when it is created (identity.py).
+ledger_identity = Table(
+    "ledger_identity",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ledger_id", String(36), nullable=False),
+    Column("created_at", String(32), nullable=False),
+)
+
 approvals = Table(
     "approvals",
     metadata,

@@ -22,17 +22,19 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from . import identity as ident
 from .clocks import Clock, LedgerClock, Skew, utc_now
 from .config import clock_skew_bound, store_url
 from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
+from .identity import LedgerLost
 from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0015"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015")
+HEAD_REVISION = "0011"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0011")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 
@@ -53,8 +55,9 @@ class StateStore:
         self.clock: Clock = utc_now
         self.freezes = FreezeCache()  # this process's view of the kill switch (freeze.py)
         self._closed = False
+        self._lost: LedgerLost | None = None  # once set, every transaction is refused
         try:
-            self._open(create)
+            self.ledger_id = self._open(create)
         except Exception:
             engine.dispose()
             raise
@@ -65,6 +68,7 @@ class StateStore:
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """One write transaction; on SQLite it holds the database write lock from the start."""
+        self._guard()
         with map_driver_errors(f"ledger at {self.location}"), self.engine.connect() as conn:
             self._begin(conn)
             try:
@@ -77,6 +81,7 @@ class StateStore:
     @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A read-only transaction (never takes the write lock)."""
+        self._guard()
         with map_driver_errors(f"ledger at {self.location}"), self.engine.connect() as conn:
             if self.dialect == "sqlite":
                 conn.exec_driver_sql("BEGIN")
@@ -102,6 +107,15 @@ class StateStore:
             self._closed = True
             self.engine.dispose()
 
+    def _guard(self) -> None:
+        """Refuse to go on with a ledger that is no longer the one this process opened."""
+        if self._lost is not None:
+            raise self._lost
+
+    def _lose(self, exc: LedgerLost) -> LedgerLost:
+        self._lost = self._lost or exc  # said once by the caller (the proxy's health line)
+        return self._lost
+
     # -- opening ---------------------------------------------------------------------------
 
     def _begin(self, conn: Connection) -> None:
@@ -113,7 +127,7 @@ class StateStore:
         else:
             conn.begin()
 
-    def _open(self, create: bool) -> None:
+    def _open(self, create: bool) -> str | None:
         with map_driver_errors(f"cannot open the ledger at {self.location}"):  # noqa: SIM117
             with self.engine.connect() as conn:
                 self._begin(conn)
@@ -125,8 +139,9 @@ class StateStore:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
                 revision = _current_revision(conn)
                 if revision == HEAD_REVISION:
+                    found = ident.read_identity(conn)
                     conn.rollback()
-                    return
+                    return found
                 if revision is not None and revision not in KNOWN_REVISIONS:
                     raise SchemaMismatch(
                         f"ledger at {self.location} has schema revision {revision}, newer than "
@@ -139,7 +154,9 @@ class StateStore:
                 # An older ledger is upgraded by whoever opens it first, a reader too: the
                 # migrations are additive, and this code cannot read the older schema.
                 _migrate(conn)
+                found = ident.read_identity(conn)
                 conn.commit()
+                return found
 
 
 def _current_revision(conn: Connection) -> str | None:
@@ -162,19 +179,49 @@ def _migrate(conn: Connection) -> None:
 class SQLiteStateStore(StateStore):
     """The default ledger: one SQLite file (WAL, busy timeout, ``BEGIN IMMEDIATE``)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, create: bool = True, new: bool = False
+    ) -> None:
+        """``new``: a new ledger where the one created before is gone (``--create-ledger``)."""
         raw = os.fspath(path)
         if not raw or raw == ":memory:" or "mode=memory" in raw:
             raise InvalidArgument("SQLiteStateStore needs a file path, not an in-memory database")
         self.path = Path(raw)
-        if create:
+        ident.check_at_start(self.path, new=new)
+        if create or new:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.exists():
             raise NoLedger(f"no ctrlrun ledger at {self.path}")
         engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_connect)
         self._checkpointer: _Checkpointer | None = None
-        super().__init__(engine, create=create)
+        self._anchor: sqlite3.Connection | None = None
+        super().__init__(engine, create=create or new)
+        try:
+            self._watch_files(new=new, mark=create or new)
+        except BaseException:
+            self.close()
+            raise
+
+    def _watch_files(self, *, new: bool, mark: bool) -> None:
+        ident.check_identity(self.path, self.ledger_id, new=new)
+        # A connection held for the store's life keeps the file and WAL open (one inode each,
+        # while it may write), so what it wrote can be read back if they are removed under it.
+        self._anchor = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._anchor.execute("SELECT count(*) FROM ledger_identity").fetchone()
+        self._watch = ident.FileWatch.open(self.path)
+        if mark and self.ledger_id is not None:
+            ident.write_marker(self.path, self.ledger_id)
+
+    def _guard(self) -> None:
+        super()._guard()
+        what = self._watch.problem()
+        if what is not None:
+            rescued = None if self._anchor is None else ident.rescue(self._anchor, self.path)
+            if self._checkpointer is not None:
+                self._checkpointer.stop()  # never checkpoint into files that are not ours
+            ident.note_lost(self.path, self.ledger_id, what, rescued)
+            raise self._lose(LedgerLost(ident.lost_message(self.path, what, rescued)))
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -188,6 +235,8 @@ class SQLiteStateStore(StateStore):
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
+        if self._anchor is not None:
+            self._anchor.close()
         super().close()
 
 
@@ -288,6 +337,9 @@ class PostgresStateStore(StateStore):
         except Exception:
             engine.dispose()
             raise
+        # A database dropped and created afresh (and migrated by another sidecar) answers on
+        # the same URL: each new session checks it reaches the ledger this store opened.
+        event.listen(engine, "connect", self._check_session)
 
     def _database_now(self) -> datetime:
         # clock_timestamp(), not now(): now() is when the transaction began.
@@ -297,9 +349,18 @@ class PostgresStateStore(StateStore):
             raise StoreError(f"the ledger at {self.location} gave no time: {value!r}")
         return value
 
+    def _check_session(self, dbapi_conn: Any, _record: Any) -> None:
+        lost = ident.session_lost(dbapi_conn, self.ledger_id, self.location)
+        if lost is not None:
+            raise self._lose(lost)
 
-def open_store(url: str, *, create: bool = True) -> StateStore:
-    """Open the ledger a URL names: ``sqlite:///path`` or ``postgresql[+psycopg]://…``."""
+
+def open_store(url: str, *, create: bool = True, new: bool = False) -> StateStore:
+    """Open the ledger a URL names: ``sqlite:///path`` or ``postgresql[+psycopg]://…``.
+
+    ``new``: create a SQLite ledger even where one was created before and is now missing or
+    empty (the operator's ``--create-ledger``); an existing ledger is opened, never recreated.
+    """
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -309,7 +370,7 @@ def open_store(url: str, *, create: bool = True) -> StateStore:
     if parsed.drivername.startswith("sqlite"):
         if not parsed.database:
             raise InvalidArgument("a sqlite store URL needs a file: sqlite:///path/to/state.db")
-        return SQLiteStateStore(parsed.database, create=create)
+        return SQLiteStateStore(parsed.database, create=create, new=new)
     if parsed.drivername.split("+")[0] in ("postgresql", "postgres"):
         try:
             return PostgresStateStore(url, create=create)
@@ -325,6 +386,7 @@ def open_default_store(
     policy: str | os.PathLike[str] | None = None,
     *,
     create: bool = True,
+    new: bool = False,
 ) -> StateStore:
     """The ledger the configuration names (``config.store_url``)."""
-    return open_store(store_url(explicit, policy), create=create)
+    return open_store(store_url(explicit, policy), create=create, new=new)

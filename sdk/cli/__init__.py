@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from . import approvals, budgets, effects, operators, policy, proxy, receipts
+from . import approvals, budgets, doctor, effects, operators, policy, proxy, receipts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -35,6 +35,7 @@ COMMANDS = (
     effects.effects,
     effects.resolve,
     effects.reconcile,
+    doctor.doctor,
     approvals.approvals,
     approvals.approve,
     approvals.deny,

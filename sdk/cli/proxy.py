@@ -84,6 +84,12 @@ def demo(workdir: str) -> None:
     is_flag=True,
     help="Validate policy, upstreams, ledger and listeners; exit 0 or 2 without serving.",
 )
+@click.option(
+    "--create-ledger",
+    is_flag=True,
+    help="Start a new, empty SQLite ledger where the one created before is missing or 0 bytes "
+    "(without it that is refused: its effects would be forgotten). An existing one is kept.",
+)
 @errors
 def proxy(
     policy_file: str | None,
@@ -96,6 +102,7 @@ def proxy(
     log_format: str,
     sweep_interval: float,
     check: bool,
+    create_ledger: bool,
 ) -> None:
     """Run the sidecar proxy beside an agent.
 
@@ -122,6 +129,7 @@ def proxy(
         admin=server.parse_address(admin, "--admin") if admin else None,
         confdir=confdir,
         sweep_interval=sweep_interval,
+        create_ledger=create_ledger,
     )
     if check:
         click.echo(server.check(settings))

@@ -36,6 +36,7 @@ from sqlalchemy.engine import Dialect
 
 from ctrlrun import Policy, SQLiteStateStore
 from ctrlrun.action import canonical_bytes, sha256
+from ctrlrun.identity import marker_path
 from ctrlrun.receipts import RECEIPT_SCHEMA, verify_chain
 from ctrlrun.schema import GENESIS_HASH, events, receipts
 from ctrlrun.schema import effects as effects_table
@@ -172,6 +173,9 @@ def fill_sqlite(path: Path, size: int, *, max_seconds: float) -> FillReport:
         finally:
             store.close()
     os.replace(tmp, path)
+    # A new ledger under the cached name: forget the identity of the one it replaces.
+    for marker in (marker_path(tmp), marker_path(path)):
+        marker.unlink(missing_ok=True)
     return FillReport(path, size, n_events, size, n_ambiguous, time.monotonic() - started, False)
 
 

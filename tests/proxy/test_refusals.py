@@ -32,6 +32,7 @@ from ctrlrun.errors import (
     SchemaMismatch,
     StoreError,
 )
+from ctrlrun.identity import LedgerLost
 from ctrlrun.proxy.answers import PROFILES, STATUSES
 from ctrlrun.proxy.refusals import REFUSALS, refusal_for
 from ctrlrun.reconcile import NotAmbiguous
@@ -68,6 +69,7 @@ EXPECTED: list[tuple[CTRLRunError, str, str, str | None]] = [
     (StoreError("down"), "unavailable", "store_unavailable", None),
     (SchemaMismatch("newer"), "unavailable", "store_unavailable", None),
     (NoLedger("none here"), "unavailable", "store_unavailable", None),
+    (LedgerLost("deleted"), "unavailable", "store_unavailable", None),
     (NotAmbiguous("k is committed"), "unavailable", "internal_error", None),
     (PolicyError("bad"), "unavailable", "internal_error", None),
     (NotExecuted("nothing"), "unavailable", "internal_error", None),

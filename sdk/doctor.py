@@ -1,0 +1,125 @@
+"""``ctrlrun doctor``: is this ledger whole, is it the one created here, and what to do if not.
+
+It reads the files itself (SQLite's ``PRAGMA integrity_check`` on a read-only connection, the
+identity, the marker, the receipt chain) rather than opening a store: the store refuses a
+ledger that was lost while in use, and the doctor is how an operator looks at one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+from .errors import InvalidArgument
+from .identity import NEW_LEDGER_HINT, marker_path, read_marker, write_marker
+from .receipts import verify_chain
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check: what was looked at, whether it holds, and what to do when it does not."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+def diagnose(url: str) -> list[Finding]:
+    """Every check that applies to the ledger at ``url``; the first failing one may end it."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        return _diagnose_server(url)
+    path = Path(parsed.database or "")
+    found: list[Finding] = []
+    marker = read_marker(path)
+    size = path.stat().st_size if path.exists() else None
+    if not size:
+        state = "missing" if size is None else "0 bytes"
+        was = f"; ledger {marker['ledger_id']} was created there" if marker else ""
+        fix = f"restore it, or {NEW_LEDGER_HINT}"
+        return [Finding("file", False, f"{path} is {state}{was}", fix)]
+    found.append(Finding("file", True, f"{path}: {size} bytes"))
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(20)")]
+        if problems != ["ok"]:
+            fix = "restore it from a backup (sqlite3 state.db '.recover' may save some of it)"
+            found.append(Finding("integrity", False, "; ".join(problems[:3]), fix))
+            return found
+        found.append(Finding("integrity", True, "PRAGMA integrity_check: ok"))
+        identity = _read_identity(conn)
+    found.append(_identity(path, identity, marker))
+    if marker is not None and "lost" in marker:
+        fix = f"restore the ledger, then run ctrlrun doctor --store-url {url} --accept"
+        found.append(Finding("in use", False, f"lost while in use: {marker['lost']}", fix))
+    found.append(_chain(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    return found
+
+
+def _read_identity(conn: sqlite3.Connection) -> str | None:
+    try:
+        row = conn.execute("SELECT ledger_id FROM ledger_identity").fetchone()
+    except sqlite3.OperationalError:  # older than revision 0011: it gets one when next opened
+        return None
+    return None if row is None else str(row[0])
+
+
+def _identity(path: Path, identity: str | None, marker: dict[str, str] | None) -> Finding:
+    if marker is None or marker["ledger_id"] == identity:
+        return Finding("identity", True, f"ledger {identity}")
+    fix = f"put ledger {marker['ledger_id']} back, or accept this one (--accept)"
+    return Finding(
+        "identity",
+        False,
+        f"the file is ledger {identity}, but {marker['ledger_id']} was created there",
+        fix,
+    )
+
+
+def _chain(url: str) -> Finding:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            report = verify_chain(conn)
+    finally:
+        engine.dispose()
+    if report.ok:
+        return Finding("receipt chain", True, f"{report.verified} receipts, chain intact")
+    first = report.breaks[0]
+    detail = f"{len(report.breaks)} breaks; first at seq {first.seq}: {first.detail}"
+    return Finding("receipt chain", False, detail, "ctrlrun receipts --verify-chain names them")
+
+
+def _diagnose_server(url: str) -> list[Finding]:
+    from .store import open_store
+
+    store = open_store(url, create=False)
+    try:
+        found = [Finding("identity", True, f"ledger {store.ledger_id} at {store.location}")]
+        with store.reading() as conn:
+            report = verify_chain(conn)
+    finally:
+        store.close()
+    if report.ok:
+        found.append(Finding("receipt chain", True, f"{report.verified} receipts, chain intact"))
+    else:
+        found.append(Finding("receipt chain", False, f"{len(report.breaks)} breaks", None))
+    return found
+
+
+def accept(url: str) -> str:
+    """Trust the SQLite ledger at ``url`` as it is now: the marker takes its identity."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        raise InvalidArgument("--accept applies to a SQLite ledger")
+    path = Path(parsed.database or "")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        identity = _read_identity(conn)
+    if identity is None:
+        raise InvalidArgument(f"{path} has no ledger identity; open it once with ctrlrun first")
+    write_marker(path, identity)
+    return f"{marker_path(path)}: ledger {identity} accepted"
