@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -122,3 +123,20 @@ def test_protect_call_is_a_span_child_of_the_callers(
     assert [s.attributes["ctrlrun.outcome"] for s in ours] == ["committed", "duplicate"]
     assert ours[1].status.description == "DuplicateEffect" and not ours[1].events  # no message
     assert [r["trace_id"] for r in receipts(store)] == [trace_id, trace_id]
+
+
+def test_async_protect_call_is_a_span_too(control: Control, store: SQLiteStateStore) -> None:
+    exporter = memory_exporter()
+
+    @protect("refund", control=control)
+    async def refund(payment_id: str, amount: int) -> None:
+        assert tracing.trace_id() is not None  # inside the call: its trace
+
+    async def main() -> None:
+        with context("bot"):
+            await refund("p10", 100)
+
+    asyncio.run(main())
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "refund" and span.attributes["ctrlrun.outcome"] == "committed"
+    assert receipts(store)[-1]["trace_id"] == format(span.context.trace_id, "032x")
