@@ -6,6 +6,12 @@ would be tunnelled untouched past the guard. This replaces the rule (``next_laye
 upstream's address and port, or whose SNI or Host names an upstream, is intercepted (TLS is
 terminated, requests go through the addon, which guards or refuses them); every other
 connection is tunnelled untouched, so the agent's other sites need no CA.
+
+An intercepted connection is never relayed as raw TCP: mitmproxy relays bytes that do not
+look like HTTP to it ("\r\nPOST ..." starts with no letter) untouched, and a server that
+skips leading blank lines, as RFC 9112 allows and Go's does, would run that request unguarded.
+Such bytes are parsed as HTTP instead, so they meet the guard or are refused as malformed.
+(A relay after a ``101 Switching Protocols`` the guard decided is not chosen here.)
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mitmproxy.addons.next_layer import NextLayer
+from mitmproxy.proxy import layer, layers
 from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.mode_specs import TransparentMode
 
 from .recognize import Recognizer
@@ -33,6 +41,29 @@ class GuardedNextLayer(NextLayer):
         # Transparent connections have no CONNECT for the gate to judge: while egress denies,
         # every one is intercepted, so that its requests meet the gate (a tunnel would not).
         self.inspect_transparent = inspect_transparent
+
+    def _next_layer(
+        self, context: Context, data_client: bytes, data_server: bytes
+    ) -> layer.Layer | None:
+        chosen = super()._next_layer(context, data_client, data_server)
+        if not isinstance(chosen, layers.TCPLayer) or chosen.flow is None:
+            return chosen  # not raw, or a tunnel left untouched (not an upstream's)
+        # Intercepted and about to be relayed raw. Explicit mode intercepts only what reaches
+        # or names an upstream; transparent mode also inspects other hosts while egress
+        # denies, and their non-HTTP protocols stay raw (the addon's tcp_start judges them).
+        transparent = isinstance(context.client.proxy_mode, TransparentMode)
+        if not transparent or self._reaches_upstream(context):
+            return layers.HttpLayer(context, HTTPMode.transparent)
+        return chosen
+
+    def _reaches_upstream(self, context: Context) -> bool:
+        if not context.server.address:
+            return False
+        host, port = context.server.address[:2]
+        sni = context.client.sni
+        return self.recognizer.known(str(host), int(port)) is not None or bool(
+            sni and self.recognizer.names_upstream(_host(str(sni)), int(port))
+        )
 
     def _ignore_connection(
         self, context: Context, data_client: bytes, data_server: bytes

@@ -153,7 +153,9 @@ def test_every_refusal_kind_leaves_a_receipt_without_the_body(
     reasons = [(x["action"], x["result"], x["decision_reason"]) for x in got[1:]]
     assert got[0]["result"] == "committed"
     assert reasons == [
-        ("k8s.scale", "denied", "no_principal"),
+        # A workload write is named by what the apiserver would store, which is asked only
+        # for a principal: refused before that, it is recorded as the upstream's write.
+        ("cluster.unmapped_write", "denied", "no_principal"),
         ("cluster.unmapped_write", "denied", "unmapped_write"),
         ("cluster.invalid", "denied", "invalid_request"),
     ]

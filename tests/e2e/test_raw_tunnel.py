@@ -1,0 +1,108 @@
+"""Bytes that do not look like HTTP, sent through a tunnel to a guarded upstream, are never
+relayed raw: mitmproxy would relay "\\r\\nPOST ..." untouched (it starts with no letter), and a
+server that skips leading blank lines, as RFC 9112 allows and Go's (the Kubernetes API
+server's) does, would run that write unguarded. They are parsed as HTTP: the guard decides or
+the request is refused as malformed, and the upstream receives nothing unguarded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from harness import Sidecar, start_sidecar
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+
+class Recorder:
+    """A TCP server on loopback that keeps every byte it is sent and answers nothing."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        with conn:
+            try:
+                while data := conn.recv(4096):
+                    self.received += data
+            except OSError:
+                pass
+
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.send:
+    decision: deny
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:{port}
+    routes:
+      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
+"""
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Recorder]]:
+    recorder = Recorder()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sc = start_sidecar(
+            tmp_path,
+            stripe,
+            kube,
+            policy_text=POLICY.replace("{port}", str(recorder.port)),
+            in_process=True,
+        )
+        try:
+            yield sc, recorder
+        finally:
+            sc.stop()
+            recorder.sock.close()
+
+
+REQUEST = b"POST /v1/invoices/in_1/send HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [b"\r\n", b"\r\n\r\n", b" ", b"\x00", b"\n"],
+    ids=["crlf", "2crlf", "space", "nul", "lf"],
+)
+def test_non_http_looking_bytes_to_an_upstream_are_not_relayed_raw(
+    rig: tuple[Sidecar, Recorder], prefix: bytes
+) -> None:
+    sc, recorder = rig
+    proxy = urlsplit(sc.proxy_url)
+    with socket.create_connection((proxy.hostname, proxy.port), timeout=10) as c:
+        target = f"127.0.0.1:{recorder.port}".encode()
+        c.sendall(b"CONNECT " + target + b" HTTP/1.1\r\nHost: " + target + b"\r\n\r\n")
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        c.sendall(prefix + REQUEST % recorder.port)
+        answer = b""
+        try:
+            while chunk := c.recv(4096):
+                answer += chunk
+                if b"\r\n\r\n" in answer:
+                    break
+        except OSError:
+            pass
+    # Refused by the guard (the action is denied) or as malformed; never relayed.
+    assert answer == b"" or answer.startswith((b"HTTP/1.1 4", b"HTTP/1.1 5")), answer[:200]
+    assert bytes(recorder.received) == b""
