@@ -98,6 +98,9 @@ def plan_admission(f: Facts) -> Plan:
         return _deny(f, head)
     if decision is Decision.ALLOW:
         return _place(f, head, None, None)
+    over = _budget(f)
+    if isinstance(over, str):  # no human is asked for what the budget refuses anyway
+        return _over_budget(f, head, over)
     if f.approval_id is None:
         return _request(f, head)
     return _present(f, head, f.approval_id)

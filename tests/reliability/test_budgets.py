@@ -68,6 +68,15 @@ def test_four_sidecars_on_one_postgres_never_spend_past_the_budget(
         assert "budget_exceeded" in text or "budget exceeded" in text
     # Nothing was lost on the way: the budget is spent to the last 10.
     assert refunded == LIMIT
+    # A refund without an amount refunds whatever remains: it is refused (the sidecar will not
+    # forward a refund it cannot measure, or the budget cannot measure it), however it names
+    # the payment, and nothing more reaches the remote.
+    stripe.add_payment_intent("pi_whole", amount=1000)
+    for data in ({"payment_intent": "pi_whole"}, {"charge": "pi_whole"}):
+        r = httpx.post(f"{four[1].stripe_base}/v1/refunds", data=data, headers=AUTH, timeout=10)
+        outcome = r.headers.get("X-Ctrlrun-Outcome")
+        assert outcome in ("invalid_request", "budget_exceeded") and r.status_code >= 400, r.text
+    assert sum(int(r["amount"]) for r in stripe.refunds) == LIMIT
     said = four[0].cli("budgets", "--policy", str(four[0].policy), "--store-url", pg_url)
     assert said.returncode == 0, said.stderr
     assert "stripe.refund  *  spent 1000, left 0 of 1000" in said.stdout

@@ -25,6 +25,7 @@ from ctrlrun.cli import main as cli_main
 from ctrlrun.plan import ConsumeBudget, Facts, InsertEffect, Verdict
 from ctrlrun.policy import Decision, Evaluation
 
+ALLOW = Evaluation(Decision.ALLOW, "decision")
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ACTION = Action("refund", {"payment_id": "p1", "amount": 300}, Principal("bot", "u1"))
 POLICY = """\
@@ -44,11 +45,17 @@ def ask(spent: int | None, charge: int | None = 300, max_: int = 1000) -> Budget
     return BudgetAsk("refund", "agent:bot", "2026-03-01T00:00:00.000000Z", max_, charge, spent)
 
 
-def facts(budget: BudgetAsk | None, *, key: str | None = "refund:p1", **kw: object) -> Facts:
+def facts(
+    budget: BudgetAsk | None,
+    *,
+    key: str | None = "refund:p1",
+    evaluation: Evaluation = ALLOW,
+    **kw: object,
+) -> Facts:
     return Facts(
         action=ACTION,
         effect_key=key,
-        evaluation=Evaluation(Decision.ALLOW, "decision"),
+        evaluation=evaluation,
         now=NOW,
         lease=timedelta(minutes=5),
         policy_hash="sha256:x",
@@ -80,6 +87,17 @@ def test_past_the_limit_or_unmeasurable_the_plan_refuses(
     error = plan.refusal.error("ctr_1")
     assert isinstance(error, BudgetExceeded) and isinstance(error, ActionDenied)
     assert error.reason == "budget_exceeded" and error.receipt_id == "ctr_1"
+
+
+def test_an_action_past_its_budget_asks_no_human_and_consumes_no_approval() -> None:
+    approve = Evaluation(Decision.APPROVE, "rule[1]")
+    asked = plan_admission(facts(ask(1000), evaluation=approve, request_id="apr_1"))
+    assert asked.verdict is Verdict.BUDGET_EXCEEDED and asked.writes == ()
+    row = {"status": "granted", "action_hash": ACTION.hash, "approver": "alice"}
+    presented = facts(ask(1000), evaluation=approve, approval_id="apr_1", approval=row)
+    assert plan_admission(presented).writes == ()
+    under = plan_admission(facts(ask(0), evaluation=approve, request_id="apr_2"))
+    assert under.verdict is Verdict.NEEDS_APPROVAL
 
 
 def test_observe_mode_spends_nothing_and_says_what_it_would_have_done() -> None:
