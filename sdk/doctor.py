@@ -63,7 +63,7 @@ def diagnose(url: str) -> list[Finding]:
 def _read_identity(conn: sqlite3.Connection) -> str | None:
     try:
         row = conn.execute("SELECT ledger_id FROM ledger_identity").fetchone()
-    except sqlite3.OperationalError:  # older than revision 0011: it gets one when next opened
+    except sqlite3.OperationalError:  # older than revision 0016: it gets one when next opened
         return None
     return None if row is None else str(row[0])
 

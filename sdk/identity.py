@@ -1,6 +1,6 @@
 """A ledger knows itself: its identity, and the files a process opened it through.
 
-A ledger gets a UUID when it is created (migration 0011). A SQLite ledger also leaves a small
+A ledger gets a UUID when it is created (migration 0016). A SQLite ledger also leaves a small
 marker beside its file (``.state.db.ctrlrun-ledger``, holding that UUID), so that a later start
 can tell "never created here" (create it: the first run) from "created here and since lost"
 (refuse: recreating it empty would forget every acknowledged effect, and the agent's retries

@@ -93,7 +93,7 @@ receipt_chain = Table(
     Column("hash", String(80), nullable=False),
 )
 
-# Revision 0011: the ledger's identity, written once when it is created (identity.py).
+# Revision 0016: the ledger's identity, written once when it is created (identity.py).
 ledger_identity = Table(
     "ledger_identity",
     metadata,

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
+revision = "0016"
 down_revision = "0015"
 branch_labels = None
 depends_on = None
