@@ -228,6 +228,10 @@ class CallGuard:
                 "denied", "unmapped_tool", reason, action.name, receipt_id=receipt.receipt_id
             )
             return self.refused(request, call, refusal)
+        try:  # recorded before it leaves, as unmapped HTTP writes are (and the switch holds)
+            await asyncio.to_thread(ctl.propose_unprotected, action, reason="unmapped_tools: allow")
+        except Exception as exc:
+            return self.refused(request, call, refusal_for(exc, action=action.name))
         reply = await send()
         outcome, response = classify_call(reply, call)
         receipt_id = None

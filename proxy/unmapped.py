@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ctrlrun.action import Action, Principal
 from ctrlrun.control import Control
+from ctrlrun.errors import ActionFrozen
 
 from .classify import classify
 from .config import Upstream
@@ -47,6 +48,8 @@ async def forward(
     reason = "unmapped_writes: allow"
     try:
         await asyncio.to_thread(ctl.propose_unprotected, action, reason=reason)
+    except ActionFrozen as exc:  # the kill switch: recorded, nothing sent
+        return guard.refused(up, request, refusal_for(exc, action=action.name))
     except Exception as exc:
         guard.metrics.store_errors.inc()
         log.error("unmapped %s %s not recorded: refused", request.method, request.path)

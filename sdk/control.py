@@ -29,6 +29,7 @@ from .errors import (
     NotExecuted,
 )
 from .events import EventType
+from .freeze import refuse_if_frozen
 from .heartbeat import Heartbeat
 from .plan import Facts, Verdict
 from .policy import Decision
@@ -318,15 +319,15 @@ class Control:
 
     def propose_unprotected(self, action: Action, *, reason: str) -> None:
         """Record a write about to be forwarded without protection (``unmapped_writes:
-        allow``), before it leaves: a ledger that cannot take this refuses the write."""
+        allow``), before it leaves: a ledger that cannot take this refuses the write, and
+        so does the kill switch (``ActionFrozen``, recorded)."""
+        now, aid = self.clock(), action.action_id
+        proposed = {"action_hash": action.hash, "unprotected": True, "reason": reason}
         with self.store.transaction() as conn:
-            ledger.append_event(
-                conn,
-                self.clock(),
-                EventType.ACTION_PROPOSED,
-                action_id=action.action_id,
-                data={"action_hash": action.hash, "unprotected": True, "reason": reason},
-            )
+            ledger.append_event(conn, now, EventType.ACTION_PROPOSED, action_id=aid, data=proposed)
+            stop = refuse_if_frozen(conn, self.store.freezes, action, now, self.policy.policy_hash)
+        if stop is not None:
+            raise stop
 
     def record_unprotected(
         self, action: Action, outcome: str, *, reason: str, error: str | None = None

@@ -19,8 +19,9 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from .action import canonical_bytes, iso, new_id, sha256
-from .errors import InvalidArgument
+from .action import Action, canonical_bytes, iso, new_id, sha256
+from .attempt import Attempt, attempt_receipt
+from .errors import ActionFrozen, InvalidArgument
 from .events import EventType
 from .ledger import append_event
 from .receipts import Receipt, write_receipt
@@ -67,6 +68,21 @@ class FreezeCache:
     def forget(self) -> None:
         with self._lock:
             self._read_at = -1e18
+
+
+def refuse_if_frozen(
+    conn: Connection, cache: FreezeCache, action: Action, now: datetime, policy_hash: str
+) -> ActionFrozen | None:
+    """For a write that no admission decides (``unmapped_writes: allow``): when its action is
+    frozen, record the refusal (event and blocked receipt) and return the error to raise."""
+    frozen = cache.active(conn, action.name)
+    if frozen is None:
+        return None
+    data = {"reason": "frozen", "detail": frozen.message}
+    append_event(conn, now, EventType.ACTION_DENIED, action_id=action.action_id, data=data)
+    attempt = Attempt(action, None, 0, "deny", "frozen", policy_hash, now)
+    receipt = attempt_receipt(conn, attempt, "blocked", None, now, error=frozen.message)
+    return ActionFrozen(frozen.message, action_id=action.action_id, receipt_id=receipt.receipt_id)
 
 
 def list_freezes(conn: Connection) -> list[Freeze]:

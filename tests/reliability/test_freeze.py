@@ -152,3 +152,36 @@ def test_a_freeze_of_one_action_leaves_the_others(tmp_path: Path) -> None:
     with context("bot"):
         assert send("w2") == "w2"
     store.close()
+
+
+UNMAPPED = """\
+schema: ctrlrun.policy/v2
+actions: {{}}
+upstreams:
+  site:
+    profile: http
+    url: {stripe}
+    listen: 127.0.0.1:{stripe_port}
+    unmapped_writes: allow
+"""
+
+
+def test_a_freeze_stops_writes_no_route_maps_too(
+    fakes: tuple[FakeStripe, FakeKubernetes], sidecars: Callable[..., Sidecar]
+) -> None:
+    """``unmapped_writes: allow`` forwards a write no admission decides: the switch holds."""
+    stripe, kube = fakes
+    sc = sidecars(stripe, kube, policy_text=UNMAPPED)
+
+    def post() -> httpx.Response:
+        url = f"{sc.stripe_base}/v1/customers"
+        return httpx.post(url, data={"email": "a@b.test"}, headers=AUTH, timeout=10)
+
+    assert post().headers.get("X-Ctrlrun-Outcome") is None  # forwarded, the remote answered
+    before = stripe.count("POST", "/v1/customers")
+    cli(sc, "freeze", "--reason", "incident", "--as", "alice")
+    time.sleep(SPREAD)
+    r = post()
+    assert (r.status_code, r.headers["X-Ctrlrun-Outcome"]) == (403, "frozen"), r.text
+    assert stripe.count("POST", "/v1/customers") == before
+    assert '"decision_reason": "frozen"' in cli(sc, "receipts", "--json")
