@@ -44,7 +44,7 @@ from .http import (
     dig,
 )
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 _ARGUMENT = re.compile(r"\{([^\W\d]\w*)\}")
 

@@ -37,7 +37,7 @@ from .http import DEFAULT_TIMEOUT, SETTLE_MARGIN
 from .kubernetes import KubernetesReconciler
 from .stripe import STRIPE_API, StripeReconciler
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 # Asked with a bare key, a hook does not know which attempt it is asked about; any of these

@@ -24,7 +24,7 @@ import httpx
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import EffectFacts, ReconcileOutcome
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0  # seconds, per request
 DEFAULT_DEADLINE = 30.0  # seconds, for all the requests of one reconciliation

@@ -40,7 +40,7 @@ from .http import (
     dig,
 )
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from .http import (
     bearer,
 )
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 STRIPE_API = "https://api.stripe.com"
 SKEW_SECONDS = 5  # the look-back: Stripe's ``created`` is whole seconds, and clocks differ

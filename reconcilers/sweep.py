@@ -18,7 +18,7 @@ from .base import EffectFacts, ProxyReconciler
 
 __all__ = ["facts_for", "sweep"]
 
-log = logging.getLogger("ctrlrun.reconcilers")
+log = logging.getLogger(__name__)
 
 
 def sweep(

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .policy import Evaluation, Policy
     from .store import StateStore
 
-log = logging.getLogger("ctrlrun")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 Outcome = Literal["committed", "failed", "ambiguous"]
 DEFAULT_LEASE = timedelta(minutes=5)

@@ -33,7 +33,7 @@ from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgum
 from .reconcile import ReconcileHook
 from .templates import Template, TemplateSyntaxError, parse_template
 
-log = logging.getLogger("ctrlrun")
+log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from .store import StateStore
 
-log = logging.getLogger("ctrlrun")
+log = logging.getLogger(__name__)
 ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 ReconcileHook = Callable[[str], ReconcileOutcome]
 ANSWERS = ("committed", "not_executed", "unknown")
