@@ -7,6 +7,8 @@ sidecar holding the right to send (a lease, so two sidecars never send the same 
 events), and, after a failure, when to try again (30 s doubling to 5 min; 1 s at first). A
 webhook that is down holds its cursor; once it answers, it gets every event since, in order,
 once. A new webhook starts at the ledger's newest event (it is not sent the history).
+On PostgreSQL ids are drawn in one order and committed in another: the cursor never passes an
+id that a transaction still open may commit (``notify_horizon.py`` says how it knows).
 
 It runs in a thread of its own: a slow or dead receiver never delays a request. A delivery is
 sent at least once: a crash between the receiver's 2xx and the cursor's update sends it again,
@@ -30,6 +32,7 @@ from ctrlrun.action import iso, new_id
 from ctrlrun.store import StateStore
 
 from .notify import EVENTS, Webhook, body_for, document, sign
+from .notify_horizon import Horizon, limit_for
 
 log = logging.getLogger(__name__)
 BATCH = 20
@@ -49,6 +52,7 @@ class Notifier:
         interval: float = 0.25,
         timeout: float = 5.0,
         on_failure: Callable[[Webhook], None] | None = None,
+        horizon: Horizon | None = None,
     ) -> None:
         self.store, self.hooks, self.interval = store, tuple(hooks), interval
         self.holder = new_id("ntf")
@@ -58,6 +62,8 @@ class Notifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()
+        timeouts = getattr(store, "timeouts", None) or {}  # PostgreSQL's session limits
+        self.horizon = horizon or Horizon(limit=limit_for(timeouts))
 
     def start(self) -> Notifier:
         self._thread = threading.Thread(target=self._run, name="ctrlrun-notify", daemon=True)
@@ -121,6 +127,7 @@ class Notifier:
         ).first()
         if claimed is None:
             return None
+        high = self.horizon.safe(conn, hook.target, int(claimed[0]), high)
         types = [str(t) for t, name in EVENTS.items() if name in hook.events]
         found = conn.execute(
             text(
