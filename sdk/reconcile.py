@@ -249,8 +249,11 @@ class Reconciler:
     def _next_check(self, row: Mapping[str, Any], now: datetime) -> datetime:
         return now + self.backoff.delay(schedule_of(row).checks + 1, self.rand())
 
-    def resolve(self, effect_key: str, state: str, *, resolved_by: str) -> None:
-        """A human's answer: move an AMBIGUOUS record to ``committed`` or ``failed``."""
+    def resolve(
+        self, effect_key: str, state: str, *, resolved_by: str, note: str | None = None
+    ) -> None:
+        """A human's answer: move an AMBIGUOUS record to ``committed`` or ``failed``; the
+        operator's ``note`` (what they checked) is kept on the ``EFFECT_RESOLVED`` event."""
         if state not in ("committed", "failed"):
             raise InvalidArgument("resolve to 'committed' or 'failed'")
         now = self.clock()
@@ -260,7 +263,7 @@ class Reconciler:
                 raise NotAmbiguous(f"nobody reserved {effect_key!r}")
             if row["state"] != _AMBIGUOUS:
                 raise NotAmbiguous(f"{effect_key!r} is not ambiguous (it is {row['state']})")
-            if not self._move(conn, row, EffectState(state), now, resolved_by, "human"):
+            if not self._move(conn, row, EffectState(state), now, resolved_by, "human", note):
                 raise NotAmbiguous(f"{effect_key!r} was resolved by someone else first")
 
     def expire_leases(self, limit: int = 1000) -> list[str]:
@@ -286,6 +289,7 @@ class Reconciler:
         now: datetime,
         by: str,
         kind: str,
+        note: str | None = None,
     ) -> bool:
         # The schedule's slot goes with the ambiguity; the count and last answer stay, for the
         # record (``check_attempt`` says which attempt they were about).
@@ -308,7 +312,12 @@ class Reconciler:
             EventType.EFFECT_RESOLVED,
             action_id=row["action_id"],
             effect_key=row["effect_key"],
-            data={"state": new.value, "resolved_by": kind, "resolver": by},
+            data={
+                "state": new.value,
+                "resolved_by": kind,
+                "resolver": by,
+                **({"note": note} if note else {}),
+            },
         )
         return True
 

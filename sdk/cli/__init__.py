@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from . import approvals, budgets, doctor, effects, operators, policy, proxy, receipts
+from . import approvals, budgets, console, doctor, effects, operators, policy, proxy, receipts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -23,6 +23,7 @@ def main() -> None:
       ctrlrun init                       write a starter ctrlrun.yaml
       ctrlrun proxy --policy ctrlrun.yaml   run the sidecar proxy
       ctrlrun receipts                   read what happened
+      ctrlrun console                    the operator console in a browser
     """
 
 
@@ -43,6 +44,7 @@ COMMANDS = (
     operators.unfreeze,
     operators.freezes,
     budgets.budgets,
+    console.console,
     proxy.proxy,
     proxy.demo,
 )

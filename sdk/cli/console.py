@@ -1,0 +1,94 @@
+"""The operator console: ``console``."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from .common import errors, store_option
+
+
+@click.command()
+@click.option(
+    "--listen",
+    default="127.0.0.1:9091",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Where to serve the console (loopback unless --allow-remote).",
+)
+@store_option
+@click.option(
+    "--policy",
+    "policy_file",
+    metavar="FILE",
+    help="Policy with the `operators:` section (default: $CTRLRUN_CONFIG or ./ctrlrun.yaml).",
+)
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="Listen on a non-loopback address (put it behind TLS: tokens and cookies cross it).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr: plain text or one JSON object per line.",
+)
+@errors
+def console(
+    listen: str, store_url: str | None, policy_file: str | None, allow_remote: bool, log_format: str
+) -> None:
+    """Serve the operator console: a web page over the ledger for the people who answer for
+    agents.
+
+    \b
+    It shows, after a login:
+      Approvals          pending requests: action, arguments, agent, expiry; approve or deny
+      Ambiguous effects  what to check at the remote; settle committed or failed, with a note
+      Receipts           the newest receipts, and whether the hash chain is intact
+      Freeze             the kill switch: freeze every action or one, with a reason; unfreeze
+
+    Operators log in with their token: the value of the environment variable that their
+    entry in the policy's `operators:` section names (read once, at start). Every approval,
+    settlement and freeze is recorded under the operator's name, as `--as NAME` would be.
+    Sessions live in this process (restart it and everyone logs in again); every form
+    carries a CSRF token.
+
+    \b
+    Example:
+      # ctrlrun.yaml:  operators: {alice: {token_env: CTRLRUN_OPERATOR_ALICE}}
+      export CTRLRUN_OPERATOR_ALICE=$(openssl rand -hex 24)
+      ctrlrun console --policy ctrlrun.yaml --listen 127.0.0.1:9091
+      # then open http://127.0.0.1:9091 and log in as alice with that token
+    """
+    from ctrlrun import logsetup
+    from ctrlrun.console import ConsoleSettings, build
+
+    logsetup.configure(log_format)
+
+    settings = ConsoleSettings(
+        listen=listen, store_url=store_url, policy=policy_file, allow_remote=allow_remote
+    )
+    server = build(settings)
+    names = ", ".join(sorted(server.app.tokens))
+    click.echo(
+        f"ctrlrun console: listening on {server.url} (operators: {names}; "
+        f"ledger {server.app.store.location})"
+    )
+    sys.stdout.flush()
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        server.app.store.close()

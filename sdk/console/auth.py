@@ -1,0 +1,136 @@
+"""Who is at the console: operators' tokens, sessions in this process's memory, CSRF tokens.
+
+A session starts before login (``anonymous``: it only carries the CSRF token the login form
+needs) and is replaced by a new one when an operator logs in, so a session id seen before
+login is worth nothing after it. Session ids and CSRF tokens are 256 random bits; tokens are
+compared with ``hmac.compare_digest``. Nothing here is ever logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ctrlrun.operators import Operator
+
+COOKIE = "ctrlrun_console"
+SESSION_TTL = 8 * 3600.0  # seconds an operator's session lasts
+ANONYMOUS_TTL = 15 * 60.0  # seconds a login form stays valid
+MAX_SESSIONS = 10_000  # beyond this, the oldest are dropped (memory stays bounded)
+
+
+@dataclass
+class Session:
+    """One browser's session: who (None before login), its CSRF token, when it ends."""
+
+    sid: str
+    operator: str | None
+    csrf: str
+    expires: float
+    flash: list[str] = field(default_factory=list)
+
+    def csrf_ok(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(
+            presented.encode("utf-8"), self.csrf.encode("utf-8")
+        )
+
+
+def tokens_from_env(
+    operators: Mapping[str, Operator], environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """Each operator's token (read once, at start) and the operators who have none set."""
+    env = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    for name, op in sorted(operators.items()):
+        token = env.get(op.token_env, "")
+        if token:
+            found[name] = token
+        else:
+            missing.append(f"{name} (${op.token_env})")
+    return found, missing
+
+
+def token_matches(tokens: Mapping[str, str], name: str, presented: str) -> bool:
+    """Whether ``presented`` is operator ``name``'s token (constant time in the token)."""
+    expected = tokens.get(name)
+    # An unknown name is compared against a throwaway, so the answer takes the same time.
+    against = expected if expected is not None else secrets.token_urlsafe(32)
+    same = hmac.compare_digest(presented.encode("utf-8"), against.encode("utf-8"))
+    return same and expected is not None
+
+
+class Sessions:
+    """The sessions of this console process (lost when it stops: everyone logs in again)."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = SESSION_TTL,
+        anonymous_ttl: float = ANONYMOUS_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl, self.anonymous_ttl, self.clock = ttl, anonymous_ttl, clock
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Session] = {}
+
+    def get(self, sid: str | None) -> Session | None:
+        """The live session with id ``sid`` (an expired one is forgotten: None)."""
+        if not sid:
+            return None
+        with self._lock:
+            found = self._by_id.get(sid)
+            if found is None:
+                return None
+            if found.expires <= self.clock():
+                del self._by_id[sid]
+                return None
+            return found
+
+    def start(self, operator: str | None) -> Session:
+        """A new session: anonymous (for the login form) or an operator's."""
+        ttl = self.ttl if operator is not None else self.anonymous_ttl
+        new = Session(
+            secrets.token_urlsafe(32), operator, secrets.token_urlsafe(32), self.clock() + ttl
+        )
+        with self._lock:
+            self._prune()
+            self._by_id[new.sid] = new
+        return new
+
+    def end(self, sid: str) -> None:
+        with self._lock:
+            self._by_id.pop(sid, None)
+
+    def _prune(self) -> None:
+        now = self.clock()
+        for sid in [s for s, v in self._by_id.items() if v.expires <= now]:
+            del self._by_id[sid]
+        while len(self._by_id) >= MAX_SESSIONS:  # dicts keep insertion order: oldest first
+            del self._by_id[next(iter(self._by_id))]
+
+
+def cookie_header(sid: str, *, secure: bool, max_age: int | None = None) -> str:
+    """``Set-Cookie`` for the session: HttpOnly, SameSite=Strict, Path=/, Secure over TLS."""
+    parts = [f"{COOKIE}={sid}", "HttpOnly", "SameSite=Strict", "Path=/"]
+    if max_age is not None:
+        parts.append(f"Max-Age={max_age}")
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def session_id(cookie_value: str | None) -> str | None:
+    """Our session id in a ``Cookie`` header, if any."""
+    if not cookie_value:
+        return None
+    for part in cookie_value.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == COOKIE and value:
+            return value
+    return None

@@ -1,0 +1,141 @@
+"""Starting the console: the listen address, the operators and their tokens, the ledger.
+
+Everything is checked before the socket is bound, and each refusal is one line: no
+``operators:`` in the policy, no operator with a token set, a non-loopback address without
+``allow_remote``, a ledger that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+
+from ctrlrun.config import policy_path
+from ctrlrun.errors import InvalidArgument, PolicyError
+from ctrlrun.operators import OPERATORS
+from ctrlrun.policy import Policy
+from ctrlrun.store import NoLedger, StateStore, open_default_store
+
+from . import auth
+from .routes import App, Handler
+
+log = logging.getLogger(__name__)
+DEFAULT_LISTEN = "127.0.0.1:9091"
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """What ``ctrlrun console`` was asked for."""
+
+    listen: str = DEFAULT_LISTEN
+    store_url: str | None = None
+    policy: str | None = None
+    allow_remote: bool = False
+    session_ttl: float = auth.SESSION_TTL
+    login_delay: float = 0.5
+
+
+class ConsoleServer(ThreadingHTTPServer):
+    """The HTTP server, one thread per request, holding the console's ``App``."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], app: App) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.app = app
+        super().__init__(address, Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidArgument(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+def answers_to(host: str, port: int) -> frozenset[str] | None:
+    """The ``Host`` header values the console accepts; None when it listens on every address."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    names = {f"[{host}]:{port}" if ":" in host else f"{host}:{port}"}
+    if is_loopback(host):
+        names |= {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+    return frozenset(n.lower() for n in names)
+
+
+def load_tokens(policy_file: str | None, environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The operators' tokens, or a one-line refusal saying what to add."""
+    path = policy_path(policy_file)
+    operators = Policy.from_file(path).section(OPERATORS)
+    if not operators:
+        raise PolicyError(
+            f"{path}: the console needs operators: add an `operators:` section "
+            "(name: {token_env: VARIABLE}) and set each operator's token in that variable"
+        )
+    tokens, missing = auth.tokens_from_env(operators, environ)
+    if not tokens:
+        raise PolicyError(
+            f"{path}: no operator can log in: set the token of at least one of "
+            + ", ".join(missing)
+        )
+    for who in missing:
+        log.warning("console: operator %s has no token set and cannot log in", who)
+    return tokens
+
+
+def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -> ConsoleServer:
+    """Check everything and bind the listener (not yet serving: ``serve_forever``)."""
+    host, port = parse_listen(settings.listen)
+    if not is_loopback(host) and not settings.allow_remote:
+        raise InvalidArgument(
+            f"--listen {settings.listen} is not a loopback address: the console answers "
+            "operators' tokens in clear HTTP; pass --allow-remote to listen there anyway "
+            "(behind TLS)"
+        )
+    tokens = load_tokens(settings.policy, environ)
+    store = _ledger(settings)
+    app = App(
+        store=store,
+        tokens=tokens,
+        sessions=auth.Sessions(ttl=settings.session_ttl),
+        hosts=None,
+        login_delay=settings.login_delay,
+    )
+    try:
+        server = ConsoleServer((host, port), app)
+    except OSError as exc:
+        store.close()
+        raise InvalidArgument(f"--listen {settings.listen}: {exc.strerror or exc}") from exc
+    app.hosts = answers_to(host, int(server.server_address[1]))
+    return server
+
+
+def _ledger(settings: ConsoleSettings) -> StateStore:
+    try:
+        return open_default_store(settings.store_url, settings.policy, create=False)
+    except NoLedger as exc:
+        raise InvalidArgument(
+            f"{exc} (the console never creates one: set --store-url, or start the proxy first)"
+        ) from exc

@@ -1,0 +1,130 @@
+"""A real console on 127.0.0.1 over a real SQLite ledger, and a browser-less client for it."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+import ctrlrun
+from ctrlrun import Control, Policy, SQLiteStateStore
+from ctrlrun.console import ConsoleServer, ConsoleSettings, build
+
+TOKENS = {"alice": "alice-token-3f9c2a7e51", "bob": "bob-token-81d0c4e6b2"}
+ENV = {"CONSOLE_ALICE": TOKENS["alice"], "CONSOLE_BOB": TOKENS["bob"]}
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: approve
+  ops.push:
+    effect: "push:{n}"
+    decision: allow
+operators:
+  alice: {token_env: CONSOLE_ALICE}
+  bob: {token_env: CONSOLE_BOB}
+"""
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Ledger:
+    """The policy, the ledger file and an SDK ``Control`` that writes to it."""
+
+    policy: Path
+    url: str
+    control: Control
+
+    def store(self) -> SQLiteStateStore:
+        return SQLiteStateStore(self.url.removeprefix("sqlite:///"), create=False)
+
+    def ask_approval(self, payment_id: str, amount: int = 5000) -> str:
+        """An agent's refund that needs approval: the request id it is answered with."""
+
+        @ctrlrun.protect("stripe.refund", control=self.control)
+        def refund(payment_id: str, amount: int) -> str:
+            return "done"
+
+        try:
+            with ctrlrun.context(agent="refund-bot"):
+                refund(payment_id=payment_id, amount=amount)
+        except ctrlrun.ApprovalRequired as exc:
+            return str(exc.request_id)
+        raise AssertionError("no approval was required")
+
+    def make_ambiguous(self, n: int) -> str:
+        """An effect whose function raised after it may have acted: ambiguous."""
+
+        @ctrlrun.protect("ops.push", control=self.control)
+        def push(n: int) -> None:
+            raise ConnectionResetError("the remote hung up")
+
+        try:
+            with ctrlrun.context(agent="push-bot"):
+                push(n=n)
+        except Exception:  # the function's own error, re-raised; the record is ambiguous
+            pass
+        return f"push:{n}"
+
+
+def new_ledger(tmp: Path, policy_text: str = POLICY) -> Ledger:
+    tmp.mkdir(parents=True, exist_ok=True)
+    policy = tmp / "ctrlrun.yaml"
+    policy.write_text(policy_text)
+    db = tmp / "state.db"
+    store = SQLiteStateStore(str(db))
+    return Ledger(policy, f"sqlite:///{db}", Control(Policy.from_file(policy), store))
+
+
+@contextmanager
+def running(ledger: Ledger, **settings: object) -> Iterator[ConsoleServer]:
+    """The console, serving in a thread until the block ends."""
+    server = build(
+        ConsoleSettings(
+            listen="127.0.0.1:0",
+            store_url=ledger.url,
+            policy=str(ledger.policy),
+            login_delay=0.0,
+            **settings,  # type: ignore[arg-type]
+        ),
+        environ=ENV,
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()
+        server.app.store.close()
+
+
+def client(server: ConsoleServer) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=10, trust_env=False, follow_redirects=False)
+
+
+def csrf_of(html: str) -> str:
+    found = CSRF.search(html)
+    assert found, html[:500]
+    return found.group(1)
+
+
+def login(c: httpx.Client, name: str = "alice", token: str | None = None) -> str:
+    """Log in; return the session's CSRF token (read from the page it lands on)."""
+    form = c.get("/login")
+    assert form.status_code == 200
+    done = c.post(
+        "/login",
+        data={"csrf": csrf_of(form.text), "operator": name, "token": token or TOKENS[name]},
+    )
+    assert done.status_code == 303 and done.headers["location"] == "/approvals", done.text
+    page = c.get("/approvals")
+    assert page.status_code == 200
+    return csrf_of(page.text)
