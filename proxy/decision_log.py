@@ -1,9 +1,10 @@
 """The proxy's side of decision logs and traces (``ctrlrun.tracing``): one span per protected
-request, parented on the agent's ``traceparent``, and the fields of the guard's own refusals."""
+request or MCP tool call, parented on the agent's ``traceparent``, and the fields of the
+decisions the proxy logs itself (its refusals, the apiserver's answer to a dry run)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ctrlrun import tracing
@@ -23,9 +24,11 @@ async def traced(
     protected: Awaitable[Handled | relay.Relayed],
     headers: Sequence[tuple[str, str]],
     control: Callable[[], Any],
+    *,
+    agent: str | None = None,
 ) -> Handled | relay.Relayed:
     """Await the protected path inside its span; note the decision it answered with."""
-    with tracing.protected("ctrlrun.request", traceparent=traceparent(headers)):
+    with tracing.protected("ctrlrun.request", traceparent=traceparent(headers), agent=agent):
         got = await protected
         answered(got, policy_hash(control))
         return got
@@ -41,6 +44,24 @@ def refused_fields(refusal: Refusal, control: Callable[[], Any]) -> dict[str, An
         receipt_id=refusal.receipt_id,
         policy_hash=policy_hash(control),
     )
+
+
+def handled_fields(handled: Handled, control: Callable[[], Any]) -> dict[str, Any]:
+    """``extra=`` for the line of a decision the proxy took itself (no kernel line says it)."""
+    return tracing.decision(
+        action=handled.action,
+        effect_key=handled.effect_key,
+        outcome=handled.outcome,
+        reason=handled.reason,
+        receipt_id=handled.receipt_id,
+        policy_hash=policy_hash(control),
+    )
+
+
+def call_settled(decision: Mapping[str, Any], control: Callable[[], Any]) -> None:
+    """Note a tool call's decision (``mcp_call.Settled.decision``) on its span."""
+    fields = ("action", "effect_key", "outcome", "reason", "receipt_id")
+    tracing.note(**{k: decision.get(k) for k in fields}, policy_hash=policy_hash(control))
 
 
 def answered(result: Handled | relay.Relayed, policy_hash: str | None) -> None:

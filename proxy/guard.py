@@ -28,7 +28,7 @@ from ctrlrun.control import Control, Outcome
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
-from . import kube_result, queue_cap, receipted, relay, replay, settle, stripe_payments, unmapped
+from . import kube_gate, queue_cap, receipted, relay, replay, settle, stripe_payments, unmapped
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
@@ -85,21 +85,18 @@ class Guard:
         try:
             if isinstance(mapped, KubeWrite) and principal is None:
                 mapped = Unmapped("no principal: nothing is asked of the apiserver")
-            elif isinstance(mapped, KubeWrite):  # decided on the apiserver's dry run
-                got = await kube_result.resolve(
-                    self.forwarder, upstream, request, mapped, target, headers
+            if isinstance(mapped, KubeWrite):  # decided on the apiserver's dry run
+                protected = kube_gate.protected(
+                    self, upstream, request, mapped, target, headers, principal
                 )
-                if isinstance(got, kube_result.Answered):
-                    return Handled(got.reply, got.outcome, got.reason)
-                if isinstance(got, Refusal):
-                    return self.refused(upstream, request, got)
-                mapped, request, target = got.mapped, got.request, got.target
-            protected = self._protected(upstream, request, mapped, target, headers, principal)
-            return await traced(protected, headers, self.control)  # one span, its decision
+            else:
+                protected = self.protected(upstream, request, mapped, target, headers, principal)
+            agent = principal.agent if principal else None  # one span, its decision:
+            return await traced(protected, headers, self.control, agent=agent)
         finally:
             self.active -= 1
 
-    async def _protected(
+    async def protected(
         self,
         up: Upstream,
         request: Request,

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ctrlrun import ledger
+from ctrlrun import ledger, tracing
 from ctrlrun.action import Action, Principal, canonical_bytes
 from ctrlrun.attempt import Attempt, attempt_receipt
 from ctrlrun.control import Control, Outcome, build_action
@@ -34,6 +34,7 @@ from ctrlrun.receipts import Receipt
 from . import replay, settle, stripe_payments
 from .classify import classify
 from .config import Upstream
+from .decision_log import call_settled, refused_fields, traceparent
 from .forward import Forwarded, forward_headers
 from .guard import Guard
 from .mcp_config import McpTool
@@ -92,10 +93,33 @@ class CallGuard:
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
     ) -> Settled:
-        """Decide ``call`` and, if it may go, forward ``body`` (the message carrying it)."""
+        """Decide ``call`` and, if it may go, forward ``body`` (the message carrying it).
+
+        Each call is a span of its own (a batch's calls are siblings under the agent's
+        ``traceparent``), except a read tool's, which passes through as HTTP reads do.
+        """
         assert up.mcp is not None
         tool = up.mcp.tools.get(call.name)
         send = _Send(self.guard, up, target, forward_headers(headers), body)
+        if principal is not None and tool is not None and tool.action is None:
+            reply = await send()
+            return Settled({"tool": call.name, "outcome": "pass_through", "reason": "read"}, reply)
+        agent = principal.agent if principal else None
+        with tracing.protected("ctrlrun.tool_call", traceparent=traceparent(headers), agent=agent):
+            settled = await self._decide(up, request, call, tool, send, principal)
+            call_settled(settled.decision, self.guard.control)
+            return settled
+
+    async def _decide(
+        self,
+        up: Upstream,
+        request: Request,
+        call: ToolCall,
+        tool: McpTool | None,
+        send: _Send,
+        principal: Principal | None,
+    ) -> Settled:
+        assert up.mcp is not None
         if principal is None:
             refusal = Refusal(
                 "denied",
@@ -110,9 +134,6 @@ class CallGuard:
                 reason = f"tool {call.name!r} is spelt like {near!r}, which the map decides"
                 return self.refused(request, call, Refusal("invalid_request", reason, reason))
             return await self._unmapped(ctl, up, request, call, send, principal)
-        if tool.action is None:
-            reply = await send()
-            return Settled({"tool": call.name, "outcome": "pass_through", "reason": "read"}, reply)
         prepared = await self._prepare(ctl, up, request, tool, call, principal)
         if isinstance(prepared, Refusal):
             return self.refused(request, call, prepared)
@@ -125,7 +146,13 @@ class CallGuard:
 
     def refused(self, request: Request, call: ToolCall, refusal: Refusal) -> Settled:
         self.guard.metrics.decisions.labels(refusal.action or "-", refusal.outcome).inc()
-        log.info("refused tools/call %s: %s (%s)", call.name, refusal.outcome, refusal.reason)
+        log.info(
+            "refused tools/call %s: %s (%s)",
+            call.name,
+            refusal.outcome,
+            refusal.reason,
+            extra=refused_fields(refusal, self.guard.control),
+        )
         return Settled(_decision(call, refusal.outcome, refusal), refusal=refusal)
 
     async def _prepare(

@@ -30,6 +30,7 @@ class Traced:
 
     trace_id: str | None
     span: Any = None  # an OpenTelemetry span, when the extra is installed
+    agent: str | None = None  # who asked: a decision line the kernel did not write names it too
 
 
 _current: ContextVar[Traced | None] = ContextVar("ctrlrun_traced", default=None)
@@ -65,12 +66,14 @@ def _trace_api() -> Any:
 
 
 @contextmanager
-def protected(name: str, *, traceparent: str | None = None) -> Iterator[Traced]:
+def protected(
+    name: str, *, traceparent: str | None = None, agent: str | None = None
+) -> Iterator[Traced]:
     """Run one protected request or call as a span named ``name`` (renamed for its action)."""
     parent = parse_traceparent(traceparent)
     trace = _trace_api()
     if trace is None:
-        token = _current.set(Traced(parent[0] if parent else None))
+        token = _current.set(Traced(parent[0] if parent else None, agent=agent))
         try:
             yield _current.get() or Traced(None)
         finally:
@@ -87,7 +90,7 @@ def protected(name: str, *, traceparent: str | None = None) -> Iterator[Traced]:
     ) as span:
         sc = span.get_span_context()
         tid = format(sc.trace_id, "032x") if sc.is_valid else (parent[0] if parent else None)
-        traced = Traced(tid, span)
+        traced = Traced(tid, span, agent)
         token = _current.set(traced)
         try:
             yield traced
@@ -105,6 +108,8 @@ def decision(**fields: Any) -> dict[str, Any]:
     if traced is not None:
         if traced.trace_id:
             present["trace_id"] = traced.trace_id
+        if traced.agent and "agent" not in present:
+            present["agent"] = traced.agent
         note(**present)
     return {"ctrlrun": present}
 
