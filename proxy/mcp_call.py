@@ -269,8 +269,17 @@ class CallGuard:
             receipt_id = receipt.receipt_id
         except CTRLRunError as exc:
             log.error("receipt of unmapped tool %s not written: %s", call.name, exc)
-        decision = {"tool": call.name, "outcome": outcome, "action": action.name}
-        return Settled({**decision, "receipt_id": receipt_id}, reply, response)
+        reason = "unmapped_tools: allow"
+        fields = {"outcome": outcome, "action": action.name, "reason": reason}
+        log.info(
+            "unmapped tool %s forwarded: %s",
+            call.name,
+            outcome,
+            extra=tracing.decision(
+                **fields, receipt_id=receipt_id, policy_hash=ctl.policy.policy_hash
+            ),
+        )
+        return Settled({"tool": call.name, **fields, "receipt_id": receipt_id}, reply, response)
 
 
 class _Send:

@@ -28,8 +28,9 @@ statement longer than ``statement_timeout``, never idle in a transaction longer 
 
 Why not a commit-ordered column or a per-event delivered marker: both change the events table
 every writer shares (a migration, and a write per delivery), for what this read-side check
-gives with the schema as it is. SQLite has one writer at a time (``BEGIN IMMEDIATE``): ids
-commit in order, there is never a gap to wait for, and none of this runs.
+gives with the schema as it is (the snapshot functions need PostgreSQL 13 or later). SQLite
+has one writer at a time (``BEGIN IMMEDIATE``): ids commit in order, there is never a gap to
+wait for, and none of this runs.
 """
 
 from __future__ import annotations

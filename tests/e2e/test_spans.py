@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import KUBE_TOKEN, STRIPE_KEY, Sidecar, start_sidecar
-from mcp_support import start_mcp_sidecar
+from mcp_support import POLICY, start_mcp_sidecar
 from otel_support import json_lines, memory_exporter
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -171,3 +171,39 @@ def test_a_kubernetes_write_decided_on_its_dry_run_alone_is_a_span_and_a_decisio
     (receipt,) = [r for r in receipts if r.get("kind") == "receipt"]  # ctrlrun's refusal only
     assert receipt["receipt_id"] == first["ctrlrun.receipt_id"]
     assert receipt["action"] == "k8s.update_deployment" and receipt["trace_id"] == TRACE_ID
+
+
+GENERIC = """\
+  billing:
+    profile: mcp
+    url: {url}
+    unmapped_tools: allow
+"""
+
+
+def test_an_unmapped_tool_call_forwarded_is_a_span_and_a_decision_line(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    exporter = memory_exporter()
+    with (
+        FakeStripeMcp(fakes[0], json_response=True) as stripe_mcp,
+        FakeStripeMcp(fakes[0], json_response=True) as generic,
+    ):
+        text = POLICY.format(mcp=stripe_mcp.url) + GENERIC.format(url=generic.url)
+        sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
+        try:
+            mcp = Mcp(generic.url, sc.proxy_url)
+            with json_lines() as docs:
+                got = mcp.post(call(1, "retrieve_balance"))
+        finally:
+            sc.stop()
+    assert got.status_code == 200 and not got.json()["result"].get("isError")
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "billing.unmapped_tool"
+    under_the_agents_trace(span)
+    assert (
+        span.attributes["ctrlrun.outcome"] == "committed" and span.attributes["ctrlrun.receipt_id"]
+    )
+    (line,) = [d for d in docs if d.get("action") == "billing.unmapped_tool"]
+    assert all(line.get(f) for f in FIELDS), line
+    assert line["reason"] == "unmapped_tools: allow" and line["trace_id"] == TRACE_ID
