@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from . import identity as ident
+from .checkpoint import Checkpointer
 from .clocks import Clock, LedgerClock, Skew, utc_now
 from .config import clock_skew_bound, store_url
 from .driver_errors import map_driver_errors
@@ -194,7 +194,7 @@ class SQLiteStateStore(StateStore):
             raise NoLedger(f"no ctrlrun ledger at {self.path}")
         engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_connect)
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
         super().__init__(engine, create=create or new)
         try:
@@ -228,7 +228,7 @@ class SQLiteStateStore(StateStore):
         if self._checkpointer is None:
             # Writers leave checkpoints to a background thread: a checkpoint (with its fsync)
             # inside a decision's COMMIT would stall that one request by milliseconds.
-            self._checkpointer = _Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path)
         with super().transaction() as conn:
             yield conn
 
@@ -238,47 +238,6 @@ class SQLiteStateStore(StateStore):
         if self._anchor is not None:
             self._anchor.close()
         super().close()
-
-
-class _Checkpointer:
-    """Copies the WAL into the database several times a second, off every request's path.
-
-    By default a writer whose commit finds the WAL past 1000 pages checkpoints it inline, with
-    an fsync: at a few hundred decisions a second that is a stall every few dozen requests.
-    Here writers never checkpoint; this thread does, and the next writer then starts the WAL
-    over. A process that never writes (the CLI reading) keeps SQLite's default.
-    """
-
-    INTERVAL = 0.2
-    # Under steady writes a passive checkpoint rarely sees the WAL complete, so the WAL is
-    # never started over; past this size one checkpoint waits for writers and truncates it.
-    WAL_LIMIT = 64 * 1024 * 1024
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ctrlrun-checkpoint", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            wal = Path(f"{self.path}-wal")
-            while not self._stop.wait(self.INTERVAL):
-                try:
-                    big = wal.exists() and wal.stat().st_size > self.WAL_LIMIT
-                    conn.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if big else 'PASSIVE'})")
-                except sqlite3.Error as exc:  # a busy database: the next round catches up
-                    log.debug("checkpoint of %s deferred: %s", self.path, exc)
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error:
-            pass
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -299,7 +258,7 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
             time.sleep(0.05)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA journal_size_limit=67108864")  # a reset WAL shrinks back to 64 MiB
-    # Checkpoints run in the background (see _Checkpointer), not inside a decision's COMMIT.
+    # Checkpoints run in the background (see Checkpointer), not inside a decision's COMMIT.
     cur.execute("PRAGMA wal_autocheckpoint=0")
     cur.close()
 
