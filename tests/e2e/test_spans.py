@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import KUBE_TOKEN, STRIPE_KEY, Sidecar, start_sidecar
-from mcp_support import POLICY, start_mcp_sidecar
+from mcp_support import POLICY, ledger_json, start_mcp_sidecar
 from otel_support import json_lines, memory_exporter
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -118,6 +118,9 @@ def test_each_tool_call_is_a_span_and_its_decision_line_carries_the_fields(
     assert committed[0]["effect_key"] == f"refund:self:{pi}"
     assert {d["trace_id"] for d in docs if "outcome" in d} == {TRACE_ID}
     assert STRIPE_KEY not in json.dumps(docs)
+    receipts = [r for r in ledger_json(sc) if r["kind"] == "receipt"]
+    assert sorted(r["action"] for r in receipts) == ["stripe.payout", "stripe.refund"]
+    assert all(r["trace_id"] == TRACE_ID for r in receipts)  # the agent's trace, recorded
 
 
 @pytest.fixture
