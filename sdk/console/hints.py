@@ -28,7 +28,9 @@ def check_the_remote(
 
 
 def _stripe(action: str, args: Mapping[str, Any], key: str | None, where: str) -> str:
-    account = f" in account {args['account']}" if args.get("account") else ""
+    # "self" is the platform's own account (ctrlrun's Stripe profile): nothing to name.
+    acct = args.get("account")
+    account = f" in account {acct}" if acct and acct != "self" else ""
     request = (
         f"the request with Idempotency-Key {key}"
         if key

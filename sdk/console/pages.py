@@ -159,4 +159,9 @@ def freeze(rows: Sequence[Freeze], csrf: str) -> str:
         css_class="login",
     )
     headers = ["Frozen", "Reason", "By", "Since", ""]
-    return status + table("freezes", headers, cells, "nothing is frozen") + "<h2>Freeze</h2>" + new
+    return (
+        status
+        + table("freezes", headers, cells, "nothing is frozen")
+        + "<h2>Freeze every action, or one</h2>"
+        + new
+    )

@@ -148,6 +148,8 @@ class Handler(BaseHTTPRequestHandler):
     def _get(self, app: App, path: str) -> Reply:
         if path == "/console.css":  # no data in it: the login page needs it too
             return Reply(200, CSS, "text/css; charset=utf-8")
+        if path == "/favicon.ico":  # asked for by every browser: nothing, without a session
+            return Reply(204)
         session, had_cookie = self._session(app)
         if path == "/login":
             return self._login_page(app, session, expired="expired" in (urlsplit(self.path).query))
