@@ -141,18 +141,20 @@ def test_an_event_committed_after_a_later_one_is_delivered_once_in_order(
 def test_a_rolled_back_id_does_not_hold_the_next_events(
     store: StateStore, receiver: Receiver
 ) -> None:
-    notifier = running(store, receiver)
+    notifier = running(store, receiver, horizon=Horizon(limit=120.0))
     try:
         finish = in_open_transaction(store, "apr_lost", commit=False)
         requested(store, "apr_after")
         finish()
         asked = time.monotonic()
-        got = receiver.wait_for(1, timeout=10.0)
+        got = receiver.wait_for(1, timeout=30.0)
         waited = time.monotonic() - asked
     finally:
         notifier.stop()
     assert got == ["apr_after"]
-    assert waited < 5.0  # the gap is known dead once its transaction has ended
+    # The gap is known dead once its transaction has ended (about GRACE later), not at the
+    # limit; slack for other sessions on a shared server, whose transactions also hold xmin.
+    assert waited < 30.0
 
 
 def test_a_gap_held_back_by_a_foreign_transaction_is_passed_after_the_limit(
