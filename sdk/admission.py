@@ -36,12 +36,13 @@ the record: past its limit the plan is ``BUDGET_EXCEEDED`` (``ActionDenied`` rea
 of a spent budget hears budget_exceeded); otherwise a ``RESERVE`` or ``RUN`` plan carries one
 more compare-and-set write (``ConsumeBudget``) beside the approval's, so it is spent
 atomically with the reservation and a lost race re-plans. Observe mode spends nothing and
-notes ``budget_exceeded`` in ``would_have``. Upcoming:
+notes ``budget_exceeded`` in ``would_have``. A budget with ``over: approve`` asks instead:
+past its limit the attempt is planned as if the decision were ``approve`` (NEEDS_APPROVAL,
+then a granted approval for that very action runs it and spends past the limit).
 
-- a standing approval (``Facts.resend``, unless the policy says ``approval: header``): with
-  no id presented, the writer looks up "a granted, unconsumed approval for this very action
-  hash" (the hash covers the principal) and passes its row as ``Facts.approval`` (and its
-  id); ``_present`` consumes it as it does a presented one.
+A standing approval (``Facts.resend``, unless the policy says ``approval: header``): with no
+id presented, the writer looks up a granted, unconsumed approval for this very action hash
+(the hash covers the principal) and passes it as ``Facts.approval``, consumed as if presented.
 """
 
 from __future__ import annotations
@@ -96,33 +97,40 @@ def plan_admission(f: Facts) -> Plan:
         return _place(f, head, None, _would_have(f, blocked))
     if decision is Decision.DENY:
         return _deny(f, head)
-    if decision is Decision.ALLOW:
+    past = past_limit(f)  # over: approve, and past the limit: a human decides
+    if decision is Decision.ALLOW and past is None:
         return _place(f, head, None, None)
-    over = _budget(f)
+    over = _budget(f, approved=True)
     if isinstance(over, str):  # no human is asked for what the budget refuses anyway
         return _over_budget(f, head, over)
     if f.approval_id is None:
-        return _request(f, head)
+        return _request(f, head, past)
     return _present(f, head, f.approval_id)
 
 
 def wants_approval_row(f: Facts) -> bool:
     """Whether the plan reads the presented approval's row (the writer fetches it first)."""
-    return (
-        f.approval_id is not None
-        and f.mode == "enforce"
-        and f.evaluation.decision is (Decision.APPROVE)
-    )
+    return f.approval_id is not None and _asks(f)
 
 
 def wants_standing_approval(f: Facts) -> bool:
     """Whether the writer looks for a granted approval of this very action (none presented)."""
-    return (
-        f.resend
-        and f.approval_id is None
-        and f.mode == "enforce"
-        and f.evaluation.decision is Decision.APPROVE
-    )
+    return f.resend and f.approval_id is None and _asks(f)
+
+
+def _asks(f: Facts) -> bool:
+    """Whether an approval decides this attempt (its budget's spending already read)."""
+    if f.mode != "enforce":
+        return False
+    return f.evaluation.decision is Decision.APPROVE or past_limit(f) is not None
+
+
+def past_limit(f: Facts) -> str | None:
+    """Why a human is asked: the budget says ``over: approve`` and this attempt is past it."""
+    b = f.budget
+    if b is None or b.over != "approve" or b.charge is None or (b.spent or 0) + b.charge <= b.max:
+        return None
+    return f"{b.action}: past its budget ({b.rule}): {b.left()} left, this asks {b.charge}"
 
 
 def attempt_of(f: Facts, plan: Plan) -> Attempt:
@@ -173,14 +181,17 @@ def _frozen(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
     )
 
 
-def _budget(f: Facts) -> ConsumeBudget | str | None:
-    """The budget write this attempt makes, or why it is refused; None: it has no budget."""
+def _budget(f: Facts, *, approved: bool) -> ConsumeBudget | str | None:
+    """The budget write this attempt makes, or why it is refused; None: it has no budget.
+
+    ``approved``: an operator approved it, so with ``over: approve`` it spends past the limit.
+    """
     b = f.budget
     if b is None:
         return None
     if b.charge is None:
         return f"{b.action}: its budget ({b.rule}) cannot measure this request"
-    if (b.spent or 0) + b.charge > b.max:
+    if (b.spent or 0) + b.charge > b.max and not (approved and b.over == "approve"):
         return f"{b.action}: budget exceeded ({b.rule}): {b.left()} left, this asks {b.charge}"
     return ConsumeBudget(b, BudgetCharge(b.action, b.scope, b.window_start, b.charge))
 
@@ -208,7 +219,7 @@ def _deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
     )
 
 
-def _request(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
+def _request(f: Facts, head: tuple[NewEvent, ...], past: str | None) -> Plan:
     a, request_id = f.action, f.request_id
     if request_id is None:
         raise ValueError("an approval request needs Facts.request_id")
@@ -221,8 +232,13 @@ def _request(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
         "created_at": iso(f.now),
         "expires_at": expires,
         "policy_hash": f.policy_hash,
+        "approvals_required": f.evaluation.approvals,
     }
-    data = {"action_hash": a.hash, "expires_at": expires}
+    data: dict[str, Any] = {"action_hash": a.hash, "expires_at": expires}
+    if f.evaluation.approvals > 1:
+        data["approvals_required"] = f.evaluation.approvals
+    if past is not None:
+        data["budget"] = past
     requested = NewEvent(E.APPROVAL_REQUESTED, a.action_id, None, request_id, data)
     refusal = Refusal(
         "approval_required",
@@ -275,11 +291,12 @@ def _place(
     spend: tuple[Write, ...] = () if taken is None else (taken.write,)
     consumed: tuple[NewEvent, ...] = () if taken is None else (taken.event,)
     approval = None if taken is None else taken.approval
-    budget = _budget(f)
+    budget = _budget(f, approved=taken is not None)
     if isinstance(budget, str):
         if f.mode != "observe":
             return _over_budget(f, head, budget)
-        would_have = would_have or _would_have(f, "budget_exceeded")
+        asks = "approval_required" if past_limit(f) else "budget_exceeded"
+        would_have = would_have or _would_have(f, asks)
     elif budget is not None and f.mode != "observe":  # observe mode spends nothing
         spend = (*spend, budget)
     key = f.effect_key

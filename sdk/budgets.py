@@ -10,7 +10,11 @@ compare-and-set in the very transaction that reserves the effect key, so N proce
 ledger cannot spend N times the limit, and a lost race plans again.
 
 An attempt that ends ``failed`` gives its amount back in the transaction that records the
-failure; an ``ambiguous`` one keeps it (it may have happened), even if later resolved. An
+failure; an ``ambiguous`` one keeps it (it may have happened) until it is resolved: resolved
+``failed`` (by a reconciler or a human), it gives it back then (``budget_charges`` remembers
+what each attempt holding a key spent, revision 0017); resolved ``committed``, it keeps it.
+Past the limit the answer is ``budget_exceeded``, or, with ``over: approve``, an approval
+request for that very action: once granted it runs and spends beyond the limit. An
 argument that is missing, negative or not an integer cannot be measured, so it is refused
 (a Stripe refund without ``amount`` refunds whatever remains).
 """
@@ -22,14 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, and_, select, text, update
+from sqlalchemy import Connection, and_, insert, select, text, update
 
 from .action import Principal, iso
-from .schema import budgets
+from .schema import budget_charges, budgets
 from .yamlstrict import Where, check_keys, expect_choice, expect_map, show
 
 BY = ("agent", "user", "everyone")
-BUDGET_KEYS = ("sum", "count", "max", "per", "by")
+BUDGET_KEYS = ("sum", "count", "max", "per", "by", "over")
+OVER = ("refuse", "approve")  # past the limit: budget_exceeded, or ask a human (approvals.py)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _INSERT = text(
     "INSERT INTO budgets (action, scope, window_start, spent) VALUES (:a, :s, :w, :n) "
@@ -45,6 +50,7 @@ class Budget:
     per: timedelta
     by: Literal["agent", "user", "everyone"]
     sum: str | None = None
+    over: Literal["refuse", "approve"] = "refuse"
 
     def charge(self, arguments: Mapping[str, Any]) -> int | None:
         """What one attempt spends; None when its argument cannot be measured."""
@@ -95,6 +101,7 @@ class BudgetAsk:
     charge: int | None  # None: the attempt cannot be measured (refused)
     spent: int | None = None  # read in the transaction; None: no row yet
     rule: str = ""
+    over: Literal["refuse", "approve"] = "refuse"
 
     def left(self) -> int:
         return max(self.max - (self.spent or 0), 0)
@@ -110,6 +117,7 @@ def ask(
         budget.max,
         budget.charge(arguments),
         rule=budget.describe(),
+        over=budget.over,
     )
 
 
@@ -130,7 +138,8 @@ def parse_budget(value: Any, where: Where, duration: Callable[[Any, Where], time
         raise where.key(entry, "max").error(f"must be a whole number >= 0, got {show(limit)}")
     per = duration(entry["per"], where.key(entry, "per"))
     by = expect_choice(entry.get("by", "agent"), where.key(entry, "by"), BY)
-    return Budget(limit, per, by, total)  # type: ignore[arg-type]
+    over = expect_choice(entry.get("over", "refuse"), where.key(entry, "over"), OVER)
+    return Budget(limit, per, by, total, over)  # type: ignore[arg-type]
 
 
 def read_for_update(conn: Connection, a: BudgetAsk) -> int | None:
@@ -153,6 +162,47 @@ def refund(conn: Connection, charge: BudgetCharge) -> None:
     """Give a failed attempt's amount back (it was spent in this row, so the row exists)."""
     row = _row(charge.action, charge.scope, charge.window_start)
     conn.execute(update(budgets).where(row).values(spent=budgets.c.spent - charge.amount))
+
+
+def record_charge(
+    conn: Connection, charge: BudgetCharge, effect_key: str, action_id: str, attempt: int
+) -> None:
+    """Remember what the attempt holding ``effect_key`` spent, to give it back if it fails."""
+    conn.execute(
+        insert(budget_charges).values(
+            effect_key=effect_key,
+            attempt=attempt,
+            action_id=action_id,
+            action=charge.action,
+            scope=charge.scope,
+            window_start=charge.window_start,
+            amount=charge.amount,
+        )
+    )
+
+
+def give_back(
+    conn: Connection, effect_key: str, action_id: str, attempt: int, now: datetime
+) -> BudgetCharge | None:
+    """The attempt ended ``failed`` (at once, or resolved so later): return what it spent.
+
+    Once per attempt: the charge is marked returned by a compare-and-set, so two settlers of
+    the same record cannot give it back twice. None: it spent nothing (or gave it back).
+    """
+    key = and_(
+        budget_charges.c.effect_key == effect_key,
+        budget_charges.c.attempt == attempt,
+        budget_charges.c.action_id == action_id,
+    )
+    row = conn.execute(select(budget_charges).where(key)).first()
+    if row is None or row.returned_at is not None:
+        return None
+    mark = update(budget_charges).where(key, budget_charges.c.returned_at.is_(None))
+    if conn.execute(mark.values(returned_at=iso(now))).rowcount != 1:
+        return None
+    charge = BudgetCharge(row.action, row.scope, row.window_start, int(row.amount))
+    refund(conn, charge)
+    return charge
 
 
 def spent_rows(conn: Connection, action: str, window_start: str) -> dict[str, int]:

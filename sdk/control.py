@@ -32,7 +32,6 @@ from .events import EventType
 from .freeze import refuse_if_frozen
 from .heartbeat import Heartbeat
 from .plan import Facts, Verdict
-from .policy import Decision
 from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler
 from .states import EffectState
@@ -116,7 +115,7 @@ class Control:
         """Decide, check the approval and reserve the effect key; raise the refusal if any."""
         policy, now = self.policy, self.clock()
         evaluation = policy.evaluate(action.name, action.arguments)
-        asks = evaluation.decision is Decision.APPROVE and approval_id is None
+        asks = approval_id is None and policy.may_ask(action.name, evaluation.decision)
         facts = Facts(
             action=action,
             effect_key=effect_key,

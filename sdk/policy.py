@@ -23,39 +23,40 @@ that pass their ``Section`` to ``from_file``/``from_yaml`` (see ``policy_section
 from __future__ import annotations
 
 import os
-import re
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from .action import canonical_bytes, sha256
-from .budgets import Budget, parse_budget
-from .conditions import Condition, parse_conditions
+from .budgets import Budget
 from .config import policy_path
 from .errors import PolicyError
 from .operators import OPERATORS
+from .policy_actions import ACTION_KEYS as ACTION_KEYS
+from .policy_actions import SCHEMA_V1 as SCHEMA_V1
+from .policy_actions import SCHEMA_V2 as SCHEMA_V2
+from .policy_actions import ActionPolicy as ActionPolicy
+from .policy_actions import Decision as Decision
+from .policy_actions import Evaluation as Evaluation
+from .policy_actions import Rule as Rule
+from .policy_actions import check_versions, parse_actions
+from .policy_actions import parse_window as parse_window
 from .policy_sections import Section, SectionContext
-from .templates import Template, TemplateSyntaxError, parse_template
+from .templates import Template
 from .yamlstrict import (
     Where,
-    YamlList,
     YamlMap,
     check_keys,
     check_plain,
     expect_choice,
-    expect_map,
-    expect_str,
     load,
     plain,
     show,
 )
 
-SCHEMA_V1 = "ctrlrun.policy/v1"
-SCHEMA_V2 = "ctrlrun.policy/v2"
 SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
 # The file format: every top-level key, and the first schema that has it. The loader parses
 # schema, actions and mode itself, and the sections of KERNEL_SECTIONS; every other key belongs
@@ -74,75 +75,11 @@ TOP_KEYS = {
 }
 # Sections the kernel reads from every policy, whoever loads it.
 KERNEL_SECTIONS: tuple[Section[Any], ...] = (OPERATORS,)
-ACTION_KEYS = {
-    "decision": SCHEMA_V1,
-    "rules": SCHEMA_V1,
-    "effect": SCHEMA_V2,
-    "resource": SCHEMA_V2,
-    "window": SCHEMA_V2,
-    "approval": SCHEMA_V2,
-    "budget": SCHEMA_V2,  # budgets.py
-}
-# How a granted approval may be used: by the identical action re-sent ("resend", so a client
-# that cannot add a header, such as kubectl, can finish it), or only when presented ("header").
-APPROVAL_USES = ("resend", "header")
 _OWN_KEYS = frozenset({"schema", "actions", "mode"})
-RULE_KEYS = ("when", "decision")
 MODES = ("enforce", "observe")
-_DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 Mode = Literal["enforce", "observe"]
 T = TypeVar("T")
-
-
-class Decision(StrEnum):
-    """What the policy says about an action."""
-
-    ALLOW = "allow"
-    APPROVE = "approve"
-    DENY = "deny"
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A decision and why: ``decision``, ``rule[N]``, ``no_matching_rule``, ``unknown_action``."""
-
-    decision: Decision
-    reason: str
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One entry of ``rules:``; no conditions means it always matches."""
-
-    decision: Decision
-    conditions: tuple[Condition, ...] = ()
-
-    def matches(self, arguments: Mapping[str, Any]) -> bool:
-        return all(condition.holds(arguments) for condition in self.conditions)
-
-
-@dataclass(frozen=True)
-class ActionPolicy:
-    """One entry of ``actions:``: a fixed ``decision`` or ordered ``rules``, plus templates."""
-
-    name: str
-    decision: Decision | None = None
-    rules: tuple[Rule, ...] = ()
-    effect: Template | None = None
-    resource: Template | None = None
-    window: timedelta | None = None
-    approval: Literal["resend", "header"] = "resend"
-    budget: Budget | None = None
-
-    def evaluate(self, arguments: Mapping[str, Any]) -> Evaluation:
-        if self.decision is not None:
-            return Evaluation(self.decision, "decision")
-        for index, rule in enumerate(self.rules):
-            if rule.matches(arguments):
-                return Evaluation(rule.decision, f"rule[{index}]")
-        return Evaluation(Decision.DENY, "no_matching_rule")
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,10 +150,13 @@ class Policy:
             )
         schema = _schema(doc, root)
         check_keys(doc, root, TOP_KEYS, required=("actions",))
-        _check_versions(doc, root, TOP_KEYS, schema)
-        actions = _actions(doc["actions"], root.key(doc, "actions"), schema)
+        check_versions(doc, root, TOP_KEYS, schema)
+        actions = parse_actions(doc["actions"], root.key(doc, "actions"), schema)
         mode = cast(Mode, expect_choice(doc.get("mode", "enforce"), root.key(doc, "mode"), MODES))
         parsed = _sections(doc, root, sections, SectionContext(schema, frozenset(actions)))
+        _check_quorums(
+            doc, root, actions, cast(Mapping[str, Any], parsed.get(OPERATORS.name) or {})
+        )
         check_plain(doc, root)  # floats, dates and odd YAML types that nothing above rejected
         return cls(
             actions=types.MappingProxyType(actions),
@@ -262,6 +202,13 @@ class Policy:
         entry = self.actions.get(name)
         return entry.budget if entry is not None else None
 
+    def may_ask(self, name: str, decision: Decision) -> bool:
+        """Whether a call decided ``decision`` may need an approval request (its id is made
+        before the transaction): ``approve``, or a budget that asks past its limit."""
+        budget = self.budget(name)
+        over = budget is not None and budget.over == "approve"
+        return decision is Decision.APPROVE or (over and decision is Decision.ALLOW)
+
     def approval_by_header_only(self, name: str) -> bool:
         """Whether a granted approval for ``name`` is used only when presented by its id."""
         entry = self.actions.get(name)
@@ -282,6 +229,19 @@ def _schema(doc: YamlMap, root: Where) -> str:
     return cast(str, schema)
 
 
+def _check_quorums(
+    doc: YamlMap, root: Where, actions: Mapping[str, ActionPolicy], operators: Mapping[str, Any]
+) -> None:
+    """A quorum larger than the operators the policy names could never be reached."""
+    for name, entry in actions.items():
+        if operators and entry.approvals_required > len(operators):
+            at = root.key(doc, "actions").key(doc["actions"], name)
+            raise at.key(doc["actions"][name], "approvals_required").error(
+                f"{entry.approvals_required} approvals can never be given: operators: names "
+                f"only {len(operators)}"
+            )
+
+
 def _sections(
     doc: YamlMap, root: Where, sections: Iterable[Section[Any]], context: SectionContext
 ) -> dict[str, object]:
@@ -298,100 +258,3 @@ def _sections(
             value = section.empty
         parsed[section.name] = value
     return parsed
-
-
-def _check_versions(entry: YamlMap, where: Where, since: Mapping[str, str], schema: str) -> None:
-    if schema != SCHEMA_V1:
-        return
-    for key in entry:
-        if since[key] != SCHEMA_V1:
-            raise where.key(entry, key).error(
-                f"{key!r} needs schema: {since[key]} (this file declares {schema})"
-            )
-
-
-def _actions(value: Any, where: Where, schema: str) -> dict[str, ActionPolicy]:
-    entries = expect_map(value, where)
-    actions: dict[str, ActionPolicy] = {}
-    for name, entry in entries.items():
-        at = where.key(entries, name)
-        if not isinstance(name, str) or not name:
-            raise at.error(f"an action name must be a non-empty string, got {show(name)}")
-        actions[name] = _action(name, entry, at, schema)
-    return actions
-
-
-def _action(name: str, value: Any, where: Where, schema: str) -> ActionPolicy:
-    if not isinstance(value, YamlMap):
-        raise where.error(f"must be a mapping with decision: or rules:, got {show(value)}")
-    check_keys(value, where, ACTION_KEYS)
-    _check_versions(value, where, ACTION_KEYS, schema)
-    if ("decision" in value) == ("rules" in value):
-        raise where.error("needs exactly one of decision: or rules:")
-
-    def at(key: str) -> Where:
-        return where.key(value, key)
-
-    decision = _decision(value["decision"], at("decision")) if "decision" in value else None
-    rules = _rules(value["rules"], at("rules")) if "rules" in value else ()
-    return ActionPolicy(
-        name=name,
-        decision=decision,
-        rules=rules,
-        effect=_template(value["effect"], at("effect")) if "effect" in value else None,
-        resource=_template(value["resource"], at("resource")) if "resource" in value else None,
-        window=parse_window(value["window"], at("window")) if "window" in value else None,
-        approval=cast(
-            Literal["resend", "header"],
-            expect_choice(value.get("approval", "resend"), at("approval"), APPROVAL_USES),
-        ),
-        budget=parse_budget(value["budget"], at("budget"), parse_window)
-        if "budget" in value
-        else None,
-    )
-
-
-def _decision(value: Any, where: Where) -> Decision:
-    return Decision(expect_choice(value, where, [d.value for d in Decision]))
-
-
-def _rules(value: Any, where: Where) -> tuple[Rule, ...]:
-    if not isinstance(value, YamlList):
-        raise where.error(f"must be a list of rules, got {show(value)}")
-    if not value:
-        raise where.error("must not be empty: use decision: for a fixed answer")
-    rules: list[Rule] = []
-    for index, item in enumerate(value):
-        at = where.index(value, index)
-        rule = expect_map(item, at)
-        check_keys(rule, at, RULE_KEYS, required=("decision",))
-        conditions: tuple[Condition, ...] = ()
-        if "when" in rule:
-            conditions = parse_conditions(rule["when"], at.key(rule, "when"))
-        rules.append(Rule(_decision(rule["decision"], at.key(rule, "decision")), conditions))
-    return tuple(rules)
-
-
-def _template(value: Any, where: Where) -> Template:
-    try:
-        return parse_template(expect_str(value, where))
-    except TemplateSyntaxError as exc:
-        raise where.error(str(exc)) from None
-
-
-def parse_window(value: Any, where: Where) -> timedelta:
-    """``30s``, ``10m``, ``1h``, ``2d`` or a positive integer number of seconds."""
-    match = _DURATION.fullmatch(value) if isinstance(value, str) else None
-    if match is not None:
-        seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        seconds = value
-    else:
-        raise where.error(
-            "must be a duration such as '30s', '10m', '1h' or '2d', or a positive number "
-            f"of seconds, got {show(value)}"
-        )
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:
-        raise where.error(f"{show(value)} is too long a window") from None

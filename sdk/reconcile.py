@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import ledger
+from . import budgets, ledger
 from .action import iso, parse_iso
 from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
 from .clocks import utc_now
@@ -306,18 +306,20 @@ class Reconciler:
             values=values,
         ):
             return False
+        data: dict[str, Any] = {"state": new.value, "resolved_by": kind, "resolver": by}
+        if note:
+            data["note"] = note
+        if new is EffectState.FAILED:  # it did not happen: its budget gets its amount back
+            back = budgets.give_back(conn, row["effect_key"], row["action_id"], row["attempt"], now)
+            if back is not None:
+                data["budget_returned"] = back.amount
         ledger.append_event(
             conn,
             now,
             EventType.EFFECT_RESOLVED,
             action_id=row["action_id"],
             effect_key=row["effect_key"],
-            data={
-                "state": new.value,
-                "resolved_by": kind,
-                "resolver": by,
-                **({"note": note} if note else {}),
-            },
+            data=data,
         )
         return True
 

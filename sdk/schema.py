@@ -115,8 +115,19 @@ approvals = Table(
     Column("expires_at", String(32), nullable=False),
     Column("consumed_at", String(32)),
     Column("policy_hash", String(80)),
+    Column("approvals_required", Integer),  # revision 0017; NULL: one
 )
 Index("approvals_by_status", approvals.c.status)
+
+# Revision 0017: each operator's answer to an approval request (approvals.py), never rewritten.
+approval_votes = Table(
+    "approval_votes",
+    metadata,
+    Column("approval_id", String(40), primary_key=True),
+    Column("operator", String, primary_key=True),
+    Column("decision", String(8), primary_key=True),  # "grant" or "deny"
+    Column("at", String(32), nullable=False),
+)
 
 # Webhook deliveries (revision 0014): how far each webhook has read the events (notify.py).
 notify_cursors = Table(
@@ -149,6 +160,20 @@ budgets = Table(
     Column("scope", String, primary_key=True),  # "agent:NAME", "user:NAME" or "*"
     Column("window_start", String(32), primary_key=True),
     Column("spent", BigInteger, nullable=False),
+)
+
+# Revision 0017: what each attempt holding an effect key spent, given back if it ends failed.
+budget_charges = Table(
+    "budget_charges",
+    metadata,
+    Column("effect_key", String, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("action_id", String(40), primary_key=True),
+    Column("action", String, nullable=False),
+    Column("scope", String, nullable=False),
+    Column("window_start", String(32), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("returned_at", String(32)),  # NULL: still spent
 )
 
 GENESIS_HASH = "sha256:" + "00" * 32

@@ -33,8 +33,8 @@ from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0016"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016")
+HEAD_REVISION = "0017"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016", "0017")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from . import ledger
+from .approvals import votes
 from .checks import Schedule
 from .receipts import Receipt, receipt_for_action
 from .schema import TIMELINE, events, receipts
@@ -162,13 +163,17 @@ def inspection(conn: Connection, action_id: str) -> dict[str, Any] | None:
     )
     effect = ledger.get_effect_row(conn, key) if key else None
     approval_ids = sorted({e["approval_id"] for e in evs if e["approval_id"]})
-    approvals = [ledger.approval_row(conn, a) for a in approval_ids]
+    approvals = [
+        {**row, "votes": votes(conn, a)}
+        for a in approval_ids
+        if (row := ledger.approval_row(conn, a)) is not None
+    ]
     return {
         "schema": "ctrlrun.inspection/v1",
         "action_id": action_id,
         "receipt": receipt.to_dict() if receipt else None,
         "effect": {k: v for k, v in effect.items() if k != "action_json"} if effect else None,
-        "approvals": [dict(a) for a in approvals if a],
+        "approvals": approvals,
         "events": evs,
     }
 

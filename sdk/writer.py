@@ -71,15 +71,16 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
     frozen = (freezes or FreezeCache(ttl=0)).active(conn, facts.action.name)
     if frozen is not None:
         facts = replace(facts, frozen=frozen.message)
+    if facts.budget is not None:  # locked until commit: racers for the row queue, not lose
+        spent = budgets.read_for_update(conn, facts.budget)
+        facts = replace(facts, budget=replace(facts.budget, spent=spent))
+    # After the budget's read: past its limit, ``over: approve`` asks for an approval.
     if facts.approval_id is not None and wants_approval_row(facts):
         facts = replace(facts, approval=ledger.approval_row(conn, facts.approval_id))
     elif facts.resend and wants_standing_approval(facts):
         row = ledger.granted_approval(conn, facts.action.hash, iso(facts.now))
         if row is not None:  # the identical action, approved: consumed as if presented
             facts = replace(facts, approval_id=row["approval_id"], approval=row)
-    if facts.budget is not None:  # locked until commit: racers for the row queue, not lose
-        spent = budgets.read_for_update(conn, facts.budget)
-        facts = replace(facts, budget=replace(facts.budget, spent=spent))
     plan = plan_admission(facts)
     writes = plan.writes
     if writes and isinstance(writes[0], InsertEffect):
@@ -96,6 +97,10 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
     for write in writes:
         if not _write(conn, write):
             raise LostRace
+    charge = next((w.charge for w in plan.writes if isinstance(w, ConsumeBudget)), None)
+    if charge is not None and plan.held and facts.effect_key is not None:
+        # Remembered with the attempt: a record resolved failed later gives it back then.
+        budgets.record_charge(conn, charge, facts.effect_key, facts.action.action_id, plan.attempt)
     return _record(conn, facts, plan)
 
 

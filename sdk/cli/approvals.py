@@ -21,33 +21,40 @@ def approvals(as_json: bool, store_url: str | None) -> None:
     Example: ctrlrun approvals && ctrlrun approve apr_…
     """
     from ctrlrun import ledger
+    from ctrlrun.approvals import approvers, progress, required_of
 
     store = reader(store_url)
     with store.reading() as conn:
-        pending = ledger.pending_approvals(conn)
+        pending = [
+            (row, approvers(conn, row["approval_id"])) for row in ledger.pending_approvals(conn)
+        ]
     if not pending:
         say("no pending approvals", as_json=as_json)
-    for row in pending:
+    for row, names in pending:
         action = json.loads(row["action_json"])
+        required = required_of(row)
         if as_json:
             document = {
                 "request_id": row["approval_id"],
                 "action": action,
                 "created_at": row["created_at"],
                 "expires_at": row["expires_at"],
+                "approvals_required": required,
+                "approvers": names,
             }
             click.echo(json.dumps(document))
             continue
+        votes = f"  approved by {', '.join(names)}" if names else ""
+        quorum = f" ({progress(len(names), required)})" if required > 1 else ""
         click.echo(
             f"{row['approval_id']}  {action['name']}  "
             f"{json.dumps(action['arguments'], sort_keys=True)}"
-            f"  agent {action['principal']['agent']}  expires {row['expires_at']}"
-            + (f"  approved by {row['approver']}" if row.get("approver") else "")
+            f"  agent {action['principal']['agent']}  expires {row['expires_at']}" + votes + quorum
         )
 
 
 def _answer(request_id: str, grant: bool, as_name: str | None, store_url: str | None) -> None:
-    from ctrlrun.approvals import answer
+    from ctrlrun.approvals import answer, progress
 
     who = operator(as_name)
     store = reader(store_url)
@@ -56,11 +63,14 @@ def _answer(request_id: str, grant: bool, as_name: str | None, store_url: str | 
             row = answer(conn, request_id, grant=grant, approver=who, now=store.clock())
     except ApprovalMismatch as exc:
         fail(str(exc), 1)
-    if grant:
-        click.echo(f"granted {request_id} for {row['action_hash']} by {who}")
-        click.echo(f"expires {row['expires_at']}")
-    else:
+    if not grant:
         click.echo(f"denied {request_id} by {who}")
+    elif row["status"] == "pending":  # a quorum: this approval is counted, not enough yet
+        given, required = len(row["approvals"]), row["approvals_required"]
+        click.echo(f"approved {request_id} by {who}: {progress(given, required)}")
+    else:
+        click.echo(f"granted {request_id} for {row['action_hash']} by {row['approver']}")
+        click.echo(f"expires {row['expires_at']}")
 
 
 @click.command()

@@ -107,8 +107,13 @@ def _inspection_lines(action_id: str, found: dict[str, Any]) -> list[str]:
             last = f", last answer {e['check_answer']}" if e.get("check_answer") else ""
             lines.append(f"checks     asked {e.get('checks') or 0} times{last}, next check {due}")
     for a in found["approvals"]:
+        names = [v["operator"] for v in a.get("votes", ()) if v["decision"] == "grant"]
         by = f"  by {a['approver']}" if a["approver"] else ""
-        lines.append(f"approval   {a['approval_id']}  {a['status']}{by}")
+        if names and not by:  # a quorum still short of its number
+            by = f"  approved by {', '.join(names)}"
+        need = a.get("approvals_required") or 1
+        quorum = f"  ({len(names)} of {need} approvals)" if need > 1 else ""
+        lines.append(f"approval   {a['approval_id']}  {a['status']}{by}{quorum}")
     for i, ev in enumerate(found["events"], 1):
         data = " ".join(f"{k}={v}" for k, v in sorted(ev["data"].items()))
         lines.append(f"{i:3d}  {ev['ts']}  {ev['type']:<28} {data}".rstrip())
