@@ -77,7 +77,8 @@ def answer(
     if grant and len(names) < required:
         data = {"approver": approver, "approvals": len(names), "approvals_required": required}
         append_event(conn, now, EventType.APPROVAL_VOTED, approval_id=approval_id, data=data)
-        return {**row, "approvals": names, "approvals_required": required}
+        said = f"approved by {approver}: {progress(len(names), required)}"
+        return {**row, "approvals": names, "approvals_required": required, "message": said}
     new = "granted" if grant else "denied"
     values: dict[str, Any] = {"approver": ", ".join(names) if grant else approver}
     if grant:

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 from .action import iso, parse_iso
 from .errors import StoreError
 from .events import EventType
-from .schema import GENESIS_HASH, approvals, receipt_chain
+from .schema import GENESIS_HASH, approval_votes, approvals, receipt_chain
 from .schema import effects as E
 from .states import LEASE_EXPIRED, EffectRecord, EffectState, check_transition
 
@@ -317,8 +317,20 @@ def move_approval(
 
 
 def pending_approvals(conn: Connection) -> list[Mapping[str, Any]]:
+    """Pending requests, oldest first, each with ``approvers``: who approved it so far (a
+    quorum short of its number), in order."""
     stmt = select(approvals).where(approvals.c.status == "pending").order_by(approvals.c.created_at)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
+    rows = [dict(r._mapping) for r in conn.execute(stmt)]
+    votes = (
+        select(approval_votes.c.approval_id, approval_votes.c.operator)
+        .join(approvals, approvals.c.approval_id == approval_votes.c.approval_id)
+        .where(approvals.c.status == "pending", approval_votes.c.decision == "grant")
+        .order_by(approval_votes.c.at, approval_votes.c.operator)
+    )
+    given: dict[str, list[str]] = {}
+    for approval_id, operator in conn.execute(votes):
+        given.setdefault(approval_id, []).append(operator)
+    return [{**row, "approvers": given.get(row["approval_id"], [])} for row in rows]
 
 
 def decode(text_: str | None) -> Any:

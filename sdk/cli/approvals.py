@@ -21,13 +21,11 @@ def approvals(as_json: bool, store_url: str | None) -> None:
     Example: ctrlrun approvals && ctrlrun approve apr_…
     """
     from ctrlrun import ledger
-    from ctrlrun.approvals import approvers, progress, required_of
+    from ctrlrun.approvals import progress, required_of
 
     store = reader(store_url)
     with store.reading() as conn:
-        pending = [
-            (row, approvers(conn, row["approval_id"])) for row in ledger.pending_approvals(conn)
-        ]
+        pending = [(row, list(row["approvers"])) for row in ledger.pending_approvals(conn)]
     if not pending:
         say("no pending approvals", as_json=as_json)
     for row, names in pending:

@@ -269,3 +269,20 @@ def test_two_operators_approving_at_once_on_postgres_grant_it_once(
             assert granted == 0
     finally:
         store.close()
+
+
+def test_the_console_shows_a_quorum_in_progress(
+    make_control: Callable[..., Control], store: SQLiteStateStore
+) -> None:
+    from ctrlrun.console import acts, board
+
+    request_id = ask(make_control(QUORUM_POLICY))
+    said = acts.decide(store, request_id, grant=True, operator="alice")
+    waiting = "1 of 2 approvals; waiting for another operator"
+    assert said == f"{request_id}: approved by alice: {waiting}"
+    with store.reading() as conn:
+        (shown,) = board.pending(conn, utc_now())
+    assert shown.approved_by == ("alice",)
+    assert acts.decide(store, request_id, grant=True, operator="bob").startswith(
+        f"granted {request_id}"
+    )
