@@ -91,7 +91,7 @@ class Guard:
                 )
             else:
                 protected = self.protected(upstream, request, mapped, target, headers, principal)
-            agent = principal.agent if principal else None  # one span, its decision:
+            agent = principal.agent if principal else None  # one span, with its decision
             return await traced(protected, headers, self.control, agent=agent)
         finally:
             self.active -= 1
