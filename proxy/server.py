@@ -23,7 +23,7 @@ from ctrlrun.errors import CTRLRunError, PolicyError
 from ctrlrun.reconcilers.sweep import sweep
 from ctrlrun.store import StateStore, open_default_store
 
-from . import registry, tunnels
+from . import registry
 from .addon import CtrlrunAddon
 from .admin import Admin
 from .config import Upstream
@@ -31,6 +31,7 @@ from .config_parse import load_policy, proxy_config
 from .forward import Forwarder
 from .gate import Gate
 from .guard import Guard
+from .master import build as build_master
 from .metrics import Metrics
 from .notifier import Notifier
 from .notify import NOTIFY
@@ -39,7 +40,7 @@ from .recognize import Recognizer
 from .stall import StallGuard
 
 if TYPE_CHECKING:
-    from mitmproxy.tools.dump import DumpMaster
+    from mitmproxy.master import Master
 
 log = logging.getLogger(__name__)
 
@@ -237,23 +238,19 @@ async def run(
     return 0
 
 
-def _master(sidecar: Sidecar, recognizer: Recognizer) -> tuple[DumpMaster, Path, dict[str, str]]:
-    """mitmproxy's master with ctrlrun's listeners (inside the running loop, as it needs)."""
-    from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
+def _master(sidecar: Sidecar, recognizer: Recognizer) -> tuple[Master, Path, dict[str, str]]:
+    """mitmproxy's master with ctrlrun's listeners (inside the running loop, as it needs).
 
+    Connections that reach or name an upstream are intercepted, by address; the rest are
+    tunnelled untouched (``tunnels``).
+    """
     confdir = Path(os.path.expanduser(sidecar.settings.confdir))
     confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modes, reverse = sidecar.modes()
-    opts = options.Options(confdir=str(confdir))
-    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
-    # Addon options exist only once the default addons are loaded.
-    opts.update(mode=modes, connection_strategy="lazy")
-    # Intercept what reaches or names an upstream, by address; tunnel the rest untouched.
-    tunnels.install(master, recognizer, lambda: sidecar.egress.default == "deny")
     bundle = _trust_bundle(confdir, sidecar.upstreams)
-    if bundle:
-        opts.update(ssl_verify_upstream_trusted_ca=str(bundle))
+    master = build_master(
+        confdir, modes, recognizer, lambda: sidecar.egress.default == "deny", bundle
+    )
     return master, confdir, reverse
 
 
@@ -305,7 +302,7 @@ class _Announce:
     def __init__(
         self,
         sidecar: Sidecar,
-        master: DumpMaster,
+        master: Master,
         confdir: Path,
         admin: asyncio.Server | None,
         announce: Callable[[str], None],

@@ -87,11 +87,3 @@ def _host(authority: str) -> str:
     if authority.startswith("["):
         return authority[1 : authority.find("]")] if "]" in authority else authority
     return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
-
-
-def install(
-    master: Any, recognizer: Recognizer, inspect_transparent: Callable[[], bool] = lambda: False
-) -> None:
-    """Put the guarded rule in place of mitmproxy's own next-layer addon."""
-    master.addons.remove(master.addons.get("nextlayer"))
-    master.addons.add(GuardedNextLayer(recognizer, inspect_transparent))

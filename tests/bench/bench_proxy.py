@@ -78,12 +78,19 @@ RUN_ORDER = (
     "direct_write",
     "direct_read",
     "mitmdump_write",
+    "baseline_write",
     "ctrlrun_write",
     "ctrlrun_read",
+    "baseline_read",
     "mitmdump_read",
 )
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REVERSE = re.compile(r"reverse stripe 127\.0\.0\.1:(\d+)")
+# With --baseline: another ctrlrun (another checkout's interpreter) against this one.
+BASELINE = (
+    ("this tree against the baseline: protected writes", "write"),
+    ("this tree against the baseline: pass-through reads", "read"),
+)
 
 
 class BenchError(RuntimeError):
@@ -238,6 +245,24 @@ def goals(fig: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def against_baseline(fig: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """With a baseline: it against mitmdump, and this tree against it (paired rounds)."""
+    if "baseline_write" not in fig:
+        return []
+    out = []
+    for kind in ("write", "read"):
+        for ours, theirs in (("baseline", "mitmdump"), ("ctrlrun", "baseline")):
+            a, b = fig[f"{ours}_{kind}"], fig[f"{theirs}_{kind}"]
+            out.append(
+                {
+                    "what": f"{ours} / {theirs}, {kind}s",
+                    "value": paired(a["rates"], b["rates"]),
+                    "cpu_ratio": paired(a["cpu"], b["cpu"]),
+                }
+            )
+    return out
+
+
 def ledger_counts(db: Path) -> dict[str, int]:
     """Effects by state in the proxy's SQLite ledger (read-only)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
@@ -287,10 +312,11 @@ def profile(
 
 
 def start(
-    workdir: Path, children: list[Child], say: Callable[..., None]
-) -> tuple[list[Target], Path]:
+    workdir: Path, children: list[Child], say: Callable[..., None], baseline: str | None = None
+) -> tuple[list[Target], dict[str, Path]]:
     """Start the upstream, mitmdump and ctrlrun proxy (into ``children``, to be stopped
-    whatever happens); the six targets and the ledger's path."""
+    whatever happens), and with ``baseline`` a second ctrlrun proxy run by that interpreter;
+    the targets and each proxy's ledger."""
     mitmdump = find_tool("mitmdump")
     if mitmdump is None:
         raise ChildError(
@@ -308,35 +334,50 @@ def start(
     argv = [mitmdump, "--mode", mode, "-q", "--set", f"confdir={workdir / 'mitm-plain'}"]
     plain = Child("mitmdump", argv, workdir, env)
     children.append(plain)
-    # The policy refuses port 0: pick a free one, then read back what the proxy bound.
-    policy, db = workdir / "ctrlrun.yaml", workdir / "state.db"
-    policy.write_text(POLICY.format(port=up_port, listen=free_port()))
-    flags = {
-        "--policy": str(policy),
-        "--store-url": f"sqlite:///{db}",
-        "--listen": "127.0.0.1:0",
-        "--principal": "bench-agent",
-        "--confdir": str(workdir / "mitm-ctrlrun"),
-        "--sweep-interval": "0",
-    }
-    argv = [sys.executable, "-m", "ctrlrun.cli", "proxy", *(x for kv in flags.items() for x in kv)]
-    proxy = Child("ctrlrun-proxy", argv, workdir, env)
-    children.append(proxy)
+    proxies = {"ctrlrun": _ctrlrun(sys.executable, "ctrlrun", workdir, up_port, env)}
+    if baseline:
+        proxies["baseline"] = _ctrlrun(baseline, "baseline", workdir, up_port, env)
+    children.extend(child for child, _ in proxies.values())
     plain.wait_for_port(plain_port, 30)
-    guarded = int(proxy.wait_for_line(REVERSE, 30)[1])
+    ports = {name: int(child.wait_for_line(REVERSE, 30)[1]) for name, (child, _) in proxies.items()}
     say(
         f"upstream 127.0.0.1:{up_port} (_loadgen.py: 200 to everything), mitmdump "
-        f"127.0.0.1:{plain_port}, ctrlrun proxy 127.0.0.1:{guarded} (SQLite, reconcile off)"
+        f"127.0.0.1:{plain_port}, ctrlrun proxy 127.0.0.1:{ports['ctrlrun']} (SQLite, "
+        "reconcile off)"
+        + (f", baseline {baseline} 127.0.0.1:{ports['baseline']}" if baseline else "")
     )
     targets = [
         Target("direct_write", "direct, POST", up_port, "write", up),
         Target("direct_read", "direct, GET", up_port, "read", up),
         Target("mitmdump_write", "mitmdump, POST", plain_port, "write", plain),
         Target("mitmdump_read", "mitmdump, GET", plain_port, "read", plain),
-        Target("ctrlrun_write", "ctrlrun proxy, protected POST", guarded, "write", proxy),
-        Target("ctrlrun_read", "ctrlrun proxy, pass-through GET", guarded, "read", proxy),
     ]
-    return targets, db
+    for name, (child, _) in proxies.items():
+        label = "ctrlrun proxy" if name == "ctrlrun" else "baseline"
+        targets += [
+            Target(f"{name}_write", f"{label}, protected POST", ports[name], "write", child),
+            Target(f"{name}_read", f"{label}, pass-through GET", ports[name], "read", child),
+        ]
+    return targets, {name: db for name, (_, db) in proxies.items()}
+
+
+def _ctrlrun(
+    python: str, name: str, workdir: Path, up_port: int, env: dict[str, str]
+) -> tuple[Child, Path]:
+    """``ctrlrun proxy`` run by ``python``, guarding the upstream; the child and its ledger."""
+    # The policy refuses port 0: pick a free one, then read back what the proxy bound.
+    policy, db = workdir / f"{name}.yaml", workdir / f"{name}-state.db"
+    policy.write_text(POLICY.format(port=up_port, listen=free_port()))
+    flags = {
+        "--policy": str(policy),
+        "--store-url": f"sqlite:///{db}",
+        "--listen": "127.0.0.1:0",
+        "--principal": "bench-agent",
+        "--confdir": str(workdir / f"mitm-{name}"),
+        "--sweep-interval": "0",
+    }
+    argv = [python, "-m", "ctrlrun.cli", "proxy", *(x for kv in flags.items() for x in kv)]
+    return Child(f"{name}-proxy", argv, workdir, env), db
 
 
 def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None]) -> None:
@@ -366,18 +407,25 @@ def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None])
         aim = "" if goal is None else f"goal >= {goal:.2f}x" if x else f"goal <= +{goal:.1f} ms"
         cpu = "" if g["cpu_ratio"] is None else f"  (CPU per request {g['cpu_ratio']:.2f}x)"
         say(f"  {g['what']:<32} {value:>9}   {aim:<16} {g['verdict'] or '':<4}{cpu}")
+    if out.get("baseline"):
+        say("\nagainst the baseline (throughput ratio, median over rounds; CPU per request)")
+        for c in out["baseline"]:
+            value = "n/a" if c["value"] is None else f"{c['value']:.2f}x"
+            cpu = "" if c["cpu_ratio"] is None else f"  (CPU per request {c['cpu_ratio']:.2f}x)"
+            say(f"  {c['what']:<32} {value:>9}{cpu}")
     if out.get("loadgen_headroom") is not None:
         ok = out["loadgen_headroom"] >= HEADROOM
         say(
             f"\nload generator: drives the upstream alone {out['loadgen_headroom']:.1f}x faster "
             f"than mitmdump: {'not the bottleneck' if ok else 'WARNING: it may be the bottleneck'}"
         )
-    ledger, sent = out["ledger"], out["ctrlrun_writes_answered"]
-    same = ledger.get("committed") == sent and len(ledger) == 1
-    say(
-        f"ledger: {ledger} for {sent} protected writes answered "
-        f"({'one committed effect each' if same else 'MISMATCH'})"
-    )
+    for name, ledger in out["ledgers"].items():
+        sent = out["writes_answered"][name]
+        same = ledger.get("committed") == sent and len(ledger) == 1
+        say(
+            f"ledger ({name}): {ledger} for {sent} protected writes answered "
+            f"({'one committed effect each' if same else 'MISMATCH'})"
+        )
 
 
 def report_profile(prof: dict[str, Any], say: Callable[..., None]) -> None:
@@ -416,13 +464,24 @@ def main(argv: list[str] | None = None) -> int:
     add("--connections", type=int, default=8, help="for throughput (default 8)")
     add("--warmup", type=int, default=300, help="warm-up requests per target (default 300)")
     add("--round-seconds", type=float, default=8.0, help="cap of one load run (default 8)")
-    add("--max-seconds", type=float, default=150.0, help="budget of the rounds (default 150)")
+    add(
+        "--max-seconds",
+        type=float,
+        help="budget of the rounds (default 150, 220 with --baseline)",
+    )
+    add(
+        "--baseline",
+        metavar="PYTHON",
+        help="also measure the ctrlrun proxy of this interpreter (another checkout's venv)",
+    )
     add("--profile", action="store_true", help="then profile ctrlrun proxy under writes")
     add("--profile-seconds", type=float, default=10.0, help="(default 10)")
     add("--top", type=int, default=25, help="profile rows per table (default 25)")
     add("--keep", action="store_true", help="keep the work directory (logs, ledger)")
     add("--json", action="store_true", help="print one JSON object instead of lines")
     args = ap.parse_args(argv)
+    if args.max_seconds is None:
+        args.max_seconds = 220.0 if args.baseline else 150.0
     if min(args.rounds, args.requests, args.latency_requests, args.connections) < 1:
         ap.error("counts must be positive")
 
@@ -447,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C and SIGTERM both end up in the cleanup below (SIGINT too when it came in ignored).
     previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in STOP_SIGNALS}
     try:
-        targets, db = start(workdir, children, say)
+        targets, dbs = start(workdir, children, say, args.baseline)
+        by_name = {t.name: t for t in targets}
         requests = Requests(f"{os.getpid():x}{int(time.time()) % 100000:x}")
         say(
             f"throughput: {args.connections} keep-alive connections, median of {args.rounds} "
@@ -458,18 +518,19 @@ def main(argv: list[str] | None = None) -> int:
             out["truncated"] = True
         out["figures"] = fig = {t.name: t.summary() for t in targets}
         out["goals"] = goals(fig)
+        out["baseline"] = against_baseline(fig)
         direct = fig["direct_write"]["req_per_s"]
         plain = max(fig["mitmdump_write"]["req_per_s"] or 0, fig["mitmdump_read"]["req_per_s"] or 0)
         out["loadgen_headroom"] = direct / plain if direct and plain else None
-        out["ledger"] = ledger_counts(db)
-        out["ctrlrun_writes_answered"] = targets[4].answered
+        out["ledgers"] = {name: ledger_counts(db) for name, db in dbs.items()}
+        out["writes_answered"] = {name: by_name[f"{name}_write"].answered for name in dbs}
         report(out, targets, say)
         if out.get("truncated"):
             say(
                 f"NOTE: the {args.max_seconds:.0f} s budget ran out; some figures have fewer rounds"
             )
         if args.profile:
-            out["profile"] = profile(targets[4], requests, args, workdir)
+            out["profile"] = profile(by_name["ctrlrun_write"], requests, args, workdir)
             report_profile(out["profile"], say)
     except KeyboardInterrupt:
         print("\nbench_proxy: interrupted; stopping the child processes", file=sys.stderr)
