@@ -5,10 +5,14 @@ from __future__ import annotations
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from .common import errors, store_option
+
+if TYPE_CHECKING:
+    from ctrlrun.console import ConsoleServer
 
 
 @click.command()
@@ -32,6 +36,14 @@ from .common import errors, store_option
     help="Listen on a non-loopback address (put it behind TLS: tokens and cookies cross it).",
 )
 @click.option(
+    "--tls-cert",
+    metavar="FILE",
+    help="Serve HTTPS with this PEM certificate (chain); the session cookie is then Secure.",
+)
+@click.option(
+    "--tls-key", metavar="FILE", help="The certificate's private key (default: in --tls-cert)."
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -40,7 +52,13 @@ from .common import errors, store_option
 )
 @errors
 def console(
-    listen: str, store_url: str | None, policy_file: str | None, allow_remote: bool, log_format: str
+    listen: str,
+    store_url: str | None,
+    policy_file: str | None,
+    allow_remote: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    log_format: str,
 ) -> None:
     """Serve the operator console: a web page over the ledger for the people who answer for
     agents.
@@ -56,7 +74,8 @@ def console(
     entry in the policy's `operators:` section names (read once, at start). Every approval,
     settlement and freeze is recorded under the operator's name, as `--as NAME` would be.
     Sessions live in this process (restart it and everyone logs in again); every form
-    carries a CSRF token.
+    carries a CSRF token. It listens on loopback; elsewhere only with --allow-remote, and
+    then over TLS (--tls-cert, or a TLS proxy in front).
 
     \b
     Example:
@@ -71,9 +90,17 @@ def console(
     logsetup.configure(log_format)
 
     settings = ConsoleSettings(
-        listen=listen, store_url=store_url, policy=policy_file, allow_remote=allow_remote
+        listen=listen,
+        store_url=store_url,
+        policy=policy_file,
+        allow_remote=allow_remote,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
-    server = build(settings)
+    _serve(build(settings))
+
+
+def _serve(server: ConsoleServer) -> None:
     names = ", ".join(sorted(server.app.tokens))
     click.echo(
         f"ctrlrun console: listening on {server.url} (operators: {names}; "

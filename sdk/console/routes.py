@@ -15,6 +15,7 @@ CSRF token, which a page elsewhere cannot read.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -89,6 +90,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def version_string(self) -> str:
         return self.server_version
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()  # bounded by ``timeout``, set by setup()
 
     def do_GET(self) -> None:
         self._run(self._get)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
+from typing import Any
 
 from ctrlrun.config import policy_path
 from ctrlrun.errors import InvalidArgument, PolicyError
@@ -37,6 +40,8 @@ class ConsoleSettings:
     allow_remote: bool = False
     session_ttl: float = auth.SESSION_TTL
     login_delay: float = 0.5
+    tls_cert: str | None = None  # PEM certificate chain: serve HTTPS (the cookie is Secure)
+    tls_key: str | None = None  # its private key (default: in the certificate file)
 
 
 class ConsoleServer(ThreadingHTTPServer):
@@ -45,16 +50,29 @@ class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], app: App) -> None:
+    def __init__(
+        self, address: tuple[str, int], app: App, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.app = app
         super().__init__(address, Handler)
+        if tls is not None:
+            # The handshake runs in the request's thread (Handler.setup), not in accept().
+            self.socket = tls.wrap_socket(
+                self.socket, server_side=True, do_handshake_on_connect=False
+            )
+            app.secure = True
 
     @property
     def url(self) -> str:
         host, port = str(self.server_address[0]), int(self.server_address[1])
         shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}"
+        return f"{self.app.scheme}://{shown}:{port}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up or fails its TLS handshake: one line, never a traceback.
+        exc = sys.exc_info()[1]
+        log.info("console: a connection from %s ended: %s", client_address[0], type(exc).__name__)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -111,10 +129,11 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
     if not is_loopback(host) and not settings.allow_remote:
         raise InvalidArgument(
             f"--listen {settings.listen} is not a loopback address: the console answers "
-            "operators' tokens in clear HTTP; pass --allow-remote to listen there anyway "
-            "(behind TLS)"
+            "operators' tokens and session cookies: pass --allow-remote to listen there "
+            "(and serve it with --tls-cert, or behind a TLS proxy)"
         )
     tokens = load_tokens(settings.policy, environ)
+    tls = _tls(settings)
     store = _ledger(settings)
     app = App(
         store=store,
@@ -124,12 +143,28 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         login_delay=settings.login_delay,
     )
     try:
-        server = ConsoleServer((host, port), app)
+        server = ConsoleServer((host, port), app, tls)
     except OSError as exc:
         store.close()
         raise InvalidArgument(f"--listen {settings.listen}: {exc.strerror or exc}") from exc
     app.hosts = answers_to(host, int(server.server_address[1]))
     return server
+
+
+def _tls(settings: ConsoleSettings) -> ssl.SSLContext | None:
+    if settings.tls_cert is None:
+        if settings.tls_key is not None:
+            raise InvalidArgument("--tls-key needs --tls-cert")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgument(
+            f"--tls-cert {settings.tls_cert}: cannot load the certificate and key ({exc})"
+        ) from exc
+    return context
 
 
 def _ledger(settings: ConsoleSettings) -> StateStore:

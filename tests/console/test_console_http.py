@@ -3,8 +3,10 @@ browser. What is refused changes nothing; what is done is recorded under the ope
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import ssl
 import subprocess
 import sys
 import time
@@ -371,3 +373,83 @@ def test_the_command_refuses_in_one_line_and_teaches(tmp_path: Path) -> None:
     assert remote.returncode == 2 and "--allow-remote" in remote.stderr
     helped = run("--help")
     assert helped.returncode == 0 and "Example" in helped.stdout and "operators:" in helped.stdout
+
+
+def self_signed(into: Path) -> Path:
+    """A certificate for 127.0.0.1 and its key, in one PEM file."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    pem = into / "console.pem"
+    pem.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return pem
+
+
+def test_over_tls_the_cookie_is_secure_and_the_origin_https(lg: Ledger, tmp_path: Path) -> None:
+    pem = self_signed(tmp_path)
+    request_id = lg.ask_approval("pi_tls")
+    with running(lg, tls_cert=str(pem)) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        with httpx.Client(
+            base_url=server.url,
+            verify=ssl.create_default_context(cafile=str(pem)),
+            timeout=10,
+            trust_env=False,
+        ) as c:
+            form = c.get("/login")
+            assert form.headers["set-cookie"].endswith("; Secure")
+            csrf = login(c)
+            http_origin = server.url.replace("https://", "http://")
+            refused = c.post(
+                "/approvals/answer",
+                data={"csrf": csrf, "request_id": request_id, "decision": "approve"},
+                headers={"Origin": http_origin},
+            )
+            assert refused.status_code == 403
+            done = c.post(
+                "/approvals/answer",
+                data={"csrf": csrf, "request_id": request_id, "decision": "approve"},
+                headers={"Origin": server.url},
+            )
+            assert done.status_code == 303
+        with pytest.raises(httpx.HTTPError):  # plain HTTP to the TLS port: no answer
+            httpx.get(http_origin + "/login", timeout=5, trust_env=False)
+    assert approval(lg, request_id)["approver"] == "alice"
+    with pytest.raises(InvalidArgument, match="cannot load the certificate"):
+        build(
+            ConsoleSettings(
+                listen="127.0.0.1:0",
+                store_url=lg.url,
+                policy=str(lg.policy),
+                tls_cert=str(tmp_path / "missing.pem"),
+            ),
+            {"CONSOLE_ALICE": "x"},
+        )
