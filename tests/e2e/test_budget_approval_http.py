@@ -65,3 +65,24 @@ def test_past_the_budget_a_quorum_approves_and_the_resent_refund_spends_past_it(
         assert "stripe.refund  *  spent 1010, left 0 of 1000" in left.stdout
     finally:
         sc.stop()
+
+
+def test_past_the_budget_the_approval_queue_cap_holds_and_under_it_nothing_waits(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    capped = OVER_APPROVE.replace("    approvals_required: 2\n", "", 1)
+    capped += "limits: {{pending_approvals_per_agent: 1}}\n"
+    fake, kube = fakes
+    sc = start_sidecar(tmp_path, fake, kube, policy_text=capped, reconcile="off", in_process=True)
+    try:
+        client = stripe_client(sc.stripe_base)
+        pis = [fake.add_payment_intent(amount=5000)["id"] for _ in range(4)]
+        refund(client, pis[0], 990)
+        asked = ctrlrun_block(refused(lambda: refund(client, pis[1], 20)))
+        assert asked["outcome"] == "approval_required"
+        refund(client, pis[2], 10)  # under the budget: a full queue holds nothing back
+        full = ctrlrun_block(refused(lambda: refund(client, pis[3], 10)))
+        assert (full["outcome"], full["reason"]) == ("denied", "approval_queue_full")
+        assert sum(int(r["amount"]) for r in fake.refunds) == 1000
+    finally:
+        sc.stop()
