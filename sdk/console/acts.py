@@ -33,8 +33,9 @@ def answered(request_id: str, row: Mapping[str, Any], *, grant: bool, operator: 
     if isinstance(said, str) and said:
         return f"{request_id}: {said}"
     if status == "granted":
+        by = row.get("approver") or operator  # with a quorum: every operator who approved
         return (
-            f"granted {request_id} by {operator}, until {row.get('expires_at')}: the agent may "
+            f"granted {request_id} by {by}, until {row.get('expires_at')}: the agent may "
             "re-send its request now"
         )
     if status == "denied":

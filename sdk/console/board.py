@@ -15,6 +15,7 @@ from sqlalchemy import Connection, func, select
 
 from ctrlrun import ledger
 from ctrlrun.action import iso, parse_iso
+from ctrlrun.approvals import progress, required_of
 from ctrlrun.checks import schedule_of
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.freeze import Freeze, list_freezes
@@ -41,6 +42,15 @@ class Pending:
     expires_at: str
     expired: bool
     approved_by: tuple[str, ...]
+    required: int = 1  # operators who must approve (``approvals_required``)
+
+    @property
+    def votes(self) -> str:
+        """Who approved so far, and how many more are needed."""
+        names = ", ".join(self.approved_by) or "nobody yet"
+        if self.required <= 1:
+            return names
+        return f"{names} ({progress(len(self.approved_by), self.required)})"
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ def pending(conn: Connection, now: datetime) -> list[Pending]:
                 expires_at=row["expires_at"],
                 expired=now > parse_iso(row["expires_at"]),
                 approved_by=_approvers(row),
+                required=required_of(row),
             )
         )
     return found

@@ -50,7 +50,7 @@ def approvals(rows: Sequence[Pending], csrf: str) -> str:
                 e(p.agent) + user,
                 e(shown_time(p.created_at)),
                 expiry,
-                e(", ".join(p.approved_by) or "nobody yet"),
+                e(p.votes),
                 answer,
             ]
         )

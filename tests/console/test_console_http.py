@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_support import TOKENS, Ledger, client, csrf_of, login, new_ledger, running
+from console_support import POLICY, TOKENS, Ledger, client, csrf_of, login, new_ledger, running
 from sqlalchemy import select
 
 import ctrlrun
@@ -453,3 +453,26 @@ def test_over_tls_the_cookie_is_secure_and_the_origin_https(lg: Ledger, tmp_path
             ),
             {"CONSOLE_ALICE": "x"},
         )
+
+
+def test_a_quorum_is_two_operators_on_the_page(tmp_path: Path) -> None:
+    text = POLICY.replace(
+        "    decision: approve\n", "    decision: approve\n    approvals_required: 2\n", 1
+    )
+    lg = new_ledger(tmp_path, text)
+    request_id = lg.ask_approval("pi_quorum")
+    with running(lg) as server, client(server) as alice, client(server) as bob:
+        csrf_a, csrf_b = login(alice), login(bob, "bob")
+        form = {"request_id": request_id, "decision": "approve"}
+        first = alice.post("/approvals/answer", data={**form, "csrf": csrf_a})
+        assert first.status_code == 303
+        page = alice.get("/approvals").text
+        assert "1 of 2 approvals; waiting for another operator" in page
+        assert "alice (1 of 2 approvals" in page  # the table names who approved so far
+        assert approval(lg, request_id)["status"] == "pending"
+        twice = alice.post("/approvals/answer", data={**form, "csrf": csrf_a})
+        assert twice.status_code == 409 and "alice already approved" in twice.text
+        second = bob.post("/approvals/answer", data={**form, "csrf": csrf_b})
+        assert second.status_code == 303
+        assert f"granted {request_id} by alice, bob" in bob.get("/approvals").text
+    assert approval(lg, request_id)["status"] == "granted"
