@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 import ctrlrun
-from ctrlrun import Control, Policy, SQLiteStateStore
+from ctrlrun import Control, Policy
 from ctrlrun.console import ConsoleServer, ConsoleSettings, build
+from ctrlrun.store import StateStore, open_store
 
 TOKENS = {"alice": "alice-token-3f9c2a7e51", "bob": "bob-token-81d0c4e6b2"}
 ENV = {"CONSOLE_ALICE": TOKENS["alice"], "CONSOLE_BOB": TOKENS["bob"]}
@@ -30,6 +33,7 @@ operators:
   alice: {token_env: CONSOLE_ALICE}
   bob: {token_env: CONSOLE_BOB}
 """
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -41,8 +45,8 @@ class Ledger:
     url: str
     control: Control
 
-    def store(self) -> SQLiteStateStore:
-        return SQLiteStateStore(self.url.removeprefix("sqlite:///"), create=False)
+    def store(self) -> StateStore:
+        return open_store(self.url, create=False)
 
     def ask_approval(self, payment_id: str, amount: int = 5000) -> str:
         """An agent's refund that needs approval: the request id it is answered with."""
@@ -73,13 +77,32 @@ class Ledger:
         return f"push:{n}"
 
 
-def new_ledger(tmp: Path, policy_text: str = POLICY) -> Ledger:
+def new_ledger(tmp: Path, policy_text: str = POLICY, url: str | None = None) -> Ledger:
+    """A policy and a new ledger (a SQLite file in ``tmp`` unless ``url`` names another)."""
     tmp.mkdir(parents=True, exist_ok=True)
     policy = tmp / "ctrlrun.yaml"
     policy.write_text(policy_text)
-    db = tmp / "state.db"
-    store = SQLiteStateStore(str(db))
-    return Ledger(policy, f"sqlite:///{db}", Control(Policy.from_file(policy), store))
+    url = url or f"sqlite:///{tmp / 'state.db'}"
+    return Ledger(policy, url, Control(Policy.from_file(policy), open_store(url)))
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database on 127.0.0.1:5432, dropped afterwards (else a skip)."""
+    import psycopg
+
+    try:
+        psycopg.connect(PG_ADMIN, connect_timeout=2).close()
+    except psycopg.Error:
+        pytest.skip("PostgreSQL is not answering on 127.0.0.1:5432 (user postgres, db test)")
+    name = f"ctrlrun_console_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager

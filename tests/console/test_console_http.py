@@ -14,7 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_support import POLICY, TOKENS, Ledger, client, csrf_of, login, new_ledger, running
+from console_support import (
+    POLICY,
+    TOKENS,
+    Ledger,
+    client,
+    csrf_of,
+    login,
+    new_ledger,
+    postgres_database,
+    running,
+)
 from sqlalchemy import select
 
 import ctrlrun
@@ -476,3 +486,30 @@ def test_a_quorum_is_two_operators_on_the_page(tmp_path: Path) -> None:
         assert second.status_code == 303
         assert f"granted {request_id} by alice, bob" in bob.get("/approvals").text
     assert approval(lg, request_id)["status"] == "granted"
+
+
+def test_the_console_over_postgresql(tmp_path: Path) -> None:
+    with postgres_database() as url:
+        lg = new_ledger(tmp_path, url=url)
+        try:
+            request_id, key = lg.ask_approval("pi_pg"), lg.make_ambiguous(5)
+            with running(lg) as server, client(server) as c:
+                csrf = login(c, "bob")
+                for path, data in [
+                    ("/approvals/answer", {"request_id": request_id, "decision": "approve"}),
+                    (
+                        "/ambiguous/settle",
+                        {"effect_key": key, "state": "failed", "note": "no push"},
+                    ),
+                    ("/freeze", {"action": "", "reason": "maintenance"}),
+                ]:
+                    got = c.post(path, data={**data, "csrf": csrf})
+                    assert got.status_code == 303, (path, got.text[-500:])
+                assert "Chain intact" in c.get("/receipts").text
+                frozen = c.get("/freeze").text
+                assert "<td>every action</td><td>maintenance</td><td>bob</td>" in frozen
+            assert approval(lg, request_id)["approver"] == "bob"
+            assert effect_state(lg, key) == "failed"
+            assert resolved_events(lg, key)[0]["note"] == "no push"
+        finally:
+            lg.control.store.close()
