@@ -21,7 +21,11 @@ from ctrlrun.operators import Operator
 COOKIE = "ctrlrun_console"
 SESSION_TTL = 8 * 3600.0  # seconds an operator's session lasts
 ANONYMOUS_TTL = 15 * 60.0  # seconds a login form stays valid
-MAX_SESSIONS = 10_000  # beyond this, the oldest are dropped (memory stays bounded)
+# Beyond these, the oldest of the kind are dropped, so memory stays bounded. Apart, so that
+# anyone who can reach the login page and asks for it again and again drops only login forms,
+# never an operator's session.
+MAX_ANONYMOUS = 10_000
+MAX_OPERATOR_SESSIONS = 1_000
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Sessions:
         self.ttl, self.anonymous_ttl, self.clock = ttl, anonymous_ttl, clock
         self._lock = threading.Lock()
         self._by_id: dict[str, Session] = {}
+        self._anonymous: dict[str, None] = {}  # the ids of login-form sessions, oldest first
 
     def get(self, sid: str | None) -> Session | None:
         """The live session with id ``sid`` (an expired one is forgotten: None)."""
@@ -99,20 +104,36 @@ class Sessions:
             secrets.token_urlsafe(32), operator, secrets.token_urlsafe(32), self.clock() + ttl
         )
         with self._lock:
-            self._prune()
+            self._prune(anonymous=operator is None)
             self._by_id[new.sid] = new
+            if operator is None:
+                self._anonymous[new.sid] = None
         return new
 
     def end(self, sid: str) -> None:
         with self._lock:
             self._by_id.pop(sid, None)
+            self._anonymous.pop(sid, None)
 
-    def _prune(self) -> None:
+    def count(self) -> tuple[int, int]:
+        """(login forms, operators' sessions) held now."""
+        with self._lock:
+            return len(self._anonymous), len(self._by_id) - len(self._anonymous)
+
+    def _prune(self, *, anonymous: bool) -> None:
         now = self.clock()
         for sid in [s for s, v in self._by_id.items() if v.expires <= now]:
             del self._by_id[sid]
-        while len(self._by_id) >= MAX_SESSIONS:  # dicts keep insertion order: oldest first
-            del self._by_id[next(iter(self._by_id))]
+            self._anonymous.pop(sid, None)
+        if anonymous:
+            while len(self._anonymous) >= MAX_ANONYMOUS:  # dicts keep insertion order
+                oldest = next(iter(self._anonymous))
+                del self._anonymous[oldest]
+                self._by_id.pop(oldest, None)
+            return
+        named = [s for s in self._by_id if s not in self._anonymous]
+        for sid in named[: max(0, len(named) - MAX_OPERATOR_SESSIONS + 1)]:
+            del self._by_id[sid]
 
 
 def cookie_header(sid: str, *, secure: bool, max_age: int | None = None) -> str:

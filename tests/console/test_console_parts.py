@@ -132,3 +132,17 @@ def test_loopback_and_the_host_names_answered() -> None:
     names = server.answers_to("127.0.0.1", 9091)
     assert names == {"127.0.0.1:9091", "localhost:9091", "[::1]:9091"}
     assert server.answers_to("10.0.0.5", 9091) == {"10.0.0.5:9091"}
+
+
+def test_a_flood_of_login_forms_never_drops_an_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth, "MAX_ANONYMOUS", 50)
+    monkeypatch.setattr(auth, "MAX_OPERATOR_SESSIONS", 3)
+    sessions = auth.Sessions()
+    alice = sessions.start("alice")
+    forms = [sessions.start(None) for _ in range(200)]
+    assert sessions.get(alice.sid) is alice
+    assert sessions.count() == (50, 1)
+    assert sessions.get(forms[0].sid) is None and sessions.get(forms[-1].sid) is forms[-1]
+    later = [sessions.start("bob") for _ in range(3)]
+    assert sessions.count() == (50, 3)
+    assert sessions.get(alice.sid) is None and all(sessions.get(s.sid) for s in later)
