@@ -113,7 +113,10 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         try:
             reply = self._host_refusal(app) or route(app, path)
-        except Exception as exc:  # a bug or a lost ledger: a page, a log line, no traceback out
+        except StoreError as exc:  # the ledger is down or lost: say so (its URL hides passwords)
+            log.error("console: %s %s: %s", self.command, path, exc)
+            reply = Reply(503, document("Unavailable", "", errors=[str(exc)]))
+        except Exception as exc:  # a bug: a page, a log line, no traceback out
             where = "; ".join(
                 f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
                 for f in traceback.extract_tb(exc.__traceback__)[-3:]

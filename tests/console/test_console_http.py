@@ -513,3 +513,12 @@ def test_the_console_over_postgresql(tmp_path: Path) -> None:
             assert resolved_events(lg, key)[0]["note"] == "no push"
         finally:
             lg.control.store.close()
+
+
+def test_a_ledger_that_is_gone_is_a_clear_page(lg: Ledger) -> None:
+    with running(lg) as server, client(server) as c:
+        login(c)
+        Path(lg.url.removeprefix("sqlite:///")).unlink()
+        got = c.get("/approvals")
+        assert got.status_code == 503 and "Traceback" not in got.text
+        assert "ledger" in got.text
