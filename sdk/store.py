@@ -28,6 +28,7 @@ from .config import clock_skew_bound, store_url
 from .driver_errors import map_driver_errors
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
+from .group_commit import GroupCommit
 from .identity import LedgerLost
 from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
@@ -196,6 +197,7 @@ class SQLiteStateStore(StateStore):
         event.listen(engine, "connect", _sqlite_connect)
         self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
+        self._writers = GroupCommit(engine.connect, self._begin)
         super().__init__(engine, create=create or new)
         try:
             self._watch_files(new=new, mark=create or new)
@@ -229,7 +231,9 @@ class SQLiteStateStore(StateStore):
             # Writers leave checkpoints to a background thread: a checkpoint (with its fsync)
             # inside a decision's COMMIT would stall that one request by milliseconds.
             self._checkpointer = Checkpointer(self.path)
-        with super().transaction() as conn:
+        self._guard()
+        # This process's concurrent writers share one transaction and its COMMIT.
+        with map_driver_errors(f"ledger at {self.location}"), self._writers.transaction() as conn:
             yield conn
 
     def close(self) -> None:

@@ -1,0 +1,140 @@
+"""Group commit: the write transactions of one process's concurrent callers share one COMMIT.
+
+SQLite has one writer at a time. Without this, every thread that wants to write opens its own
+``BEGIN IMMEDIATE``, and those that find the lock taken sleep in SQLite's busy handler (1 ms,
+then 2, 5, 10 …) whatever the holder is doing: under eight concurrent requests most of a
+decision's time is that sleep, and every decision pays a COMMIT of its own.
+
+Here the callers of one process queue on a lock instead, and run their bodies one after the
+other inside one transaction, each under a savepoint of its own:
+
+- The first caller opens the transaction (``BEGIN IMMEDIATE``); the next ones, queued while it
+  ran, join it. The last caller of the group (nobody else queued, or ``MAX_GROUP`` reached)
+  commits, with the others' bodies in it.
+- Nobody's ``transaction()`` returns before the COMMIT that holds its body: a reservation is
+  durable before anything is forwarded, an outcome before it is answered. A body reads the
+  writes of the bodies before it in its group; as it returns only once they are committed with
+  it, nothing it decides rests on a write that was not kept.
+- A body that raises is undone alone (``ROLLBACK TO`` its savepoint; the first one, with
+  nothing before it, rolls the transaction back) and its exception is raised at once: it wrote
+  nothing. The others go on.
+- A COMMIT that fails fails every caller of its group: each gets the ``StoreError``, so a
+  reservation in it is refused (nothing forwarded) and an outcome in it stays unrecorded,
+  under its lease, as a crash would leave it.
+
+Bodies never wait on the network (reconciles, approvals and deliveries ask outside their
+transactions), so holding the write lock across a group costs what the bodies cost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+from sqlalchemy import Connection, NestedTransaction
+
+from .errors import StoreError
+
+MAX_GROUP = 32  # bodies per COMMIT at most: the first one's answer waits for the last
+COMMIT_WAIT = 120.0  # seconds a caller waits for its group's COMMIT before giving up
+
+
+class _Group:
+    """One open transaction and the callers whose bodies are in it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.size = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """``transaction()`` for one engine, shared by every thread of this process."""
+
+    def __init__(self, connect: Callable[[], Connection], begin: Callable[[Connection], None]):
+        self._connect, self._begin = connect, begin
+        self._lock = threading.Lock()  # held while a body runs, and while a group commits
+        self._queued = 0  # callers waiting for the lock (they will join the open group)
+        self._count = threading.Lock()
+        self._group: _Group | None = None
+        self._inside = threading.local()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        if getattr(self._inside, "body", False):
+            # It would wait for the lock it holds; on its own connection, for the write lock.
+            raise StoreError("a ledger transaction was opened inside another one")
+        with self._count:
+            self._queued += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._count:
+                self._queued -= 1
+        try:
+            group = self._join()
+            first = group.size == 1
+            savepoint = None if first else group.conn.begin_nested()
+            self._inside.body = True
+            try:
+                yield group.conn
+                if savepoint is not None:
+                    savepoint.commit()
+            except BaseException:
+                self._undo(group, savepoint)
+                raise
+            finally:
+                self._inside.body = False
+            if self._queued == 0 or group.size >= MAX_GROUP:
+                self._commit(group)
+        finally:
+            self._lock.release()
+        self._wait(group)
+
+    def _join(self) -> _Group:
+        group = self._group
+        if group is None:
+            conn = self._connect()
+            try:
+                self._begin(conn)
+            except BaseException:
+                conn.close()
+                raise
+            group = self._group = _Group(conn)
+        group.size += 1
+        return group
+
+    def _undo(self, group: _Group, savepoint: NestedTransaction | None) -> None:
+        group.size -= 1
+        if savepoint is not None:
+            savepoint.rollback()
+            if self._queued == 0 and group.size > 0:
+                self._commit(group)  # the others' bodies are done: commit them now
+            return
+        # The first body: nothing else is in the transaction yet.
+        self._group = None
+        try:
+            group.conn.rollback()
+        finally:
+            group.conn.close()
+            group.done.set()
+
+    def _commit(self, group: _Group) -> None:
+        self._group = None
+        try:
+            group.conn.commit()
+        except BaseException as exc:
+            group.error = exc
+            with suppress(Exception):  # the connection is gone: closing it is all that is left
+                group.conn.rollback()
+        finally:
+            group.conn.close()
+            group.done.set()
+
+    def _wait(self, group: _Group) -> None:
+        if not group.done.wait(COMMIT_WAIT):
+            raise StoreError(f"the ledger's COMMIT did not finish within {COMMIT_WAIT:.0f} s")
+        if group.error is not None:
+            raise group.error
