@@ -11,11 +11,11 @@ from .board import Pending, Unsettled, shown_time
 from .html import arguments, button, e, form, hidden, table
 
 
-def login(csrf: str, operators: Sequence[str]) -> str:
-    names = "".join(f'<option value="{e(n)}">{e(n)}</option>' for n in operators)
+def login(csrf: str) -> str:
+    # The name is typed, not chosen from a list: the page does not tell strangers who operates.
     inner = (
         '<label for="operator">Operator</label>'
-        f'<select id="operator" name="operator">{names}</select>'
+        '<input id="operator" type="text" name="operator" autocomplete="username" required>'
         '<label for="token">Token</label>'
         '<input id="token" type="password" name="token" autocomplete="current-password" '
         "required>"

@@ -102,8 +102,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._run(self._post)
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # The method and path only: never the query, never a header (cookies stay out).
+        path = urlsplit(getattr(self, "path", "") or "").path  # unset: an unreadable request
+        log.info("%s %s %s %s", self.address_string(), self.command or "-", path or "-", code)
+
     def log_message(self, format: str, *args: Any) -> None:
-        # The request line without its query; never a header (cookies stay out of the log).
         log.info("%s %s", self.address_string(), format % args)
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -184,7 +188,7 @@ class Handler(BaseHTTPRequestHandler):
             return redirect("/approvals")
         fresh = session if session is not None else app.sessions.start(None)
         said = ["Your session has expired or ended: log in again."] if expired else []
-        body = pages.login(fresh.csrf, sorted(app.tokens))
+        body = pages.login(fresh.csrf)
         html = document("Log in", body, errors=[*said, *(errors or [])])
         return Reply(status, html, headers=self._cookie(app, fresh))
 

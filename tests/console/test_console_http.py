@@ -522,3 +522,25 @@ def test_a_ledger_that_is_gone_is_a_clear_page(lg: Ledger) -> None:
         got = c.get("/approvals")
         assert got.status_code == 503 and "Traceback" not in got.text
         assert "ledger" in got.text
+
+
+def test_the_login_page_names_no_operator(lg: Ledger) -> None:
+    with running(lg) as server, client(server) as c:
+        page = c.get("/login").text
+        assert "alice" not in page and "bob" not in page
+
+
+def test_garbage_on_the_socket_is_answered_and_the_console_goes_on(lg: Ledger) -> None:
+    import socket
+
+    with running(lg) as server:
+        host, port = server.server_address[0], int(server.server_address[1])
+        for garbage in [b"\x16\x03\x01\x00\xa5garbage\r\n\r\n", b"GET\r\n\r\n", b"\r\n"]:
+            with socket.create_connection((str(host), port), timeout=5) as sock:
+                sock.sendall(garbage)
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(5)
+                while sock.recv(4096):
+                    pass
+        with client(server) as c:
+            assert c.get("/login").status_code == 200

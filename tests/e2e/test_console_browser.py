@@ -93,12 +93,11 @@ def resolution(sc: Sidecar, key: str) -> dict[str, Any]:
 
 def log_in(driver: Any, url: str, shots: Path) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     driver.get(url + "/approvals")  # no session: sent to the login page
     wait_for(driver, "the login form", lambda d: d.find_elements(By.ID, "login"))
     screenshot(driver, shots, "login", "form#login")
-    Select(driver.find_element(By.ID, "operator")).select_by_value("alice")
+    driver.find_element(By.ID, "operator").send_keys("alice")
     driver.find_element(By.ID, "token").send_keys(TOKEN)
     driver.find_element(By.CSS_SELECTOR, "button.login").click()
     wait_for(driver, "the approvals page", lambda d: d.current_url.endswith("/approvals"))
