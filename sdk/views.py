@@ -79,6 +79,8 @@ def event_line(e: TimelineEvent) -> str:
             detail += f" ({e.data['reason']}: {e.data.get('error', '')})"
     else:
         detail = f"{e.data.get('state')} by {e.data.get('resolver') or e.data.get('resolved_by')}"
+        if e.data.get("note"):
+            detail += f" ({json.dumps(e.data['note'])})"
     return "  ".join([e.ts, e.type, e.effect_key or "-", detail])
 
 

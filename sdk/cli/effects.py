@@ -77,28 +77,42 @@ def effects(
 @click.argument("effect_key")
 @click.option("--committed", is_flag=True, help="The remote did it.")
 @click.option("--failed", is_flag=True, help="The remote did not; a retry is permitted.")
+@click.option(
+    "--note",
+    metavar="TEXT",
+    help="What you checked (kept on the record, shown by `ctrlrun receipts` and `inspect`).",
+)
 @operator_option
 @store_option
 @errors
 def resolve(
-    effect_key: str, committed: bool, failed: bool, as_name: str | None, store_url: str | None
+    effect_key: str,
+    committed: bool,
+    failed: bool,
+    note: str | None,
+    as_name: str | None,
+    store_url: str | None,
 ) -> None:
     """Settle an AMBIGUOUS effect by hand, after checking the remote.
 
     \b
     Examples:
-      ctrlrun resolve refund:pi_123 --committed   # the refund exists at Stripe
-      ctrlrun resolve refund:pi_123 --failed      # it does not; a retry may run
+      ctrlrun resolve refund:pi_123 --committed --note "re_9 in the dashboard"
+      ctrlrun resolve refund:pi_123 --failed      # it does not exist; a retry may run
     """
     if committed == failed:  # neither, or both: a typo must never license a retry
         raise click.UsageError("say what happened: --committed or --failed (exactly one)")
+    if note is not None and not note.strip():
+        raise click.UsageError("--note is empty: say what you checked, or leave it out")
     state = "committed" if committed else "failed"
     from ctrlrun.reconcile import Reconciler
 
     who = operator(as_name)
     store = reader(store_url)
     try:
-        Reconciler(store, store.clock).resolve(effect_key, state, resolved_by=who)
+        Reconciler(store, store.clock).resolve(
+            effect_key, state, resolved_by=who, note=None if note is None else note.strip()
+        )
     except EffectKeyError as exc:
         fail(str(exc), 1)
     click.echo(f"{effect_key} resolved {state} by {who}")

@@ -335,3 +335,29 @@ def test_the_console_entry_point_is_the_cli_main() -> None:
     (script,) = entry_points(group="console_scripts", name="ctrlrun")
     assert script.value == "ctrlrun.cli:main"
     assert script.load() is main
+
+
+def test_resolve_keeps_the_operators_note_and_receipts_show_it(tmp_path: Path) -> None:
+    from sdk_support import POLICY, events
+
+    from ctrlrun import Action, Principal
+
+    db = tmp_path / "state.db"
+    store = SQLiteStateStore(db)
+    control = Control(Policy.from_yaml(POLICY), store)
+    refund = Action("refund", {"payment_id": "p1", "amount": 100}, Principal("bot"))
+    attempt = control.begin(refund, "refund:p1")
+    control.finish(attempt, "ambiguous", error="reply lost")
+    url = f"sqlite:///{db}"
+    empty = run_cli(
+        ["resolve", "refund:p1", "--failed", "--note", " ", "--store-url", url], tmp_path
+    )
+    assert empty.code == 2 and "--note is empty" in empty.err
+    args = ["resolve", "refund:p1", "--failed", "--note", "no re_ at Stripe", "--as", "alice"]
+    ran = run_cli([*args, "--store-url", url], tmp_path)
+    assert ran.code == 0, ran.err
+    resolved = [d for t, d in events(store, "refund:p1") if t == "EFFECT_RESOLVED"]
+    assert resolved[-1]["note"] == "no re_ at Stripe"
+    shown = run_cli(["receipts", "--store-url", url], tmp_path)
+    assert '"no re_ at Stripe"' in shown.out, shown.out
+    store.close()
