@@ -61,7 +61,6 @@ events = Table(
     Column("data_json", Text, nullable=False),
 )
 Index("events_by_action", events.c.action_id)
-Index("events_by_type", events.c.type, events.c.event_id)
 # The events shown between receipts. Queries must use this very condition for the planner to
 # see that the partial index (migration 0003) covers them.
 TIMELINE = text("type IN (" + ", ".join(f"'{t.value}'" for t in TIMELINE_EVENTS) + ")")

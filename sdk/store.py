@@ -34,8 +34,8 @@ from .pg_session import OPEN_TIMEOUT, options_string, session_options
 
 log = logging.getLogger(__name__)
 
-HEAD_REVISION = "0017"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016", "0017")
+HEAD_REVISION = "0018"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016", "0017", "0018")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 
