@@ -18,7 +18,8 @@ request, and none of them is wanted here. This master has only:
 ``errorcheck``            an error logged while starting (a port in use) ends the process
 ========================  ==================================================================
 
-in mitmproxy's own order. ``SETS`` and ``DEFAULTS`` are the options the sidecar sets or relies
+in mitmproxy's own order, on an addon manager that sends each event only to the addons with
+its hook (``dispatch``). ``SETS`` and ``DEFAULTS`` are the options the sidecar sets or relies
 on; a mitmproxy that renamed or moved one of them (or an addon) fails here, at start-up, with
 a line that says which.
 """
@@ -80,13 +81,13 @@ def build(
 ) -> Master:
     """The lean master (inside the running loop, as mitmproxy needs)."""
     from mitmproxy import options
-    from mitmproxy.master import Master
 
+    from .dispatch import IndexedMaster
     from .tunnels import GuardedNextLayer
 
     classes = addon_classes()
     opts: Any = options.Options(confdir=str(confdir))  # mitmproxy's options are untyped
-    master = Master(opts, with_termlog=False)
+    master = IndexedMaster(opts)  # each event only to the addons with its hook
     chain: list[Any] = []
     for name, cls in classes.items():
         if name == "nextlayer":
