@@ -279,7 +279,7 @@ def ledger_counts(db: Path) -> dict[str, int]:
 def profile(
     target: Target, requests: Requests, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
-    """ctrlrun proxy under protected writes: CPU per request by thread (``/proc``), and
+    """ctrlrun proxy under protected writes (or reads): CPU per request by thread (``/proc``), and
     py-spy's samples of the thread holding the GIL (the Python work, which one GIL runs)."""
     proxy = target.child
     with py_spy(proxy.pid, args.profile_seconds + 1, workdir / "proxy.folded") as folded:
@@ -294,6 +294,7 @@ def profile(
     }
     others = [v for tid, v in us.items() if tid != proxy.pid and v > 0]
     out: dict[str, Any] = {
+        "load": "protected writes" if target.kind == "write" else "pass-through reads",
         "requests": res.requests,
         "req_per_s": res.rate,
         "cpu_us_per_req": {
@@ -430,7 +431,7 @@ def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None])
 
 def report_profile(prof: dict[str, Any], say: Callable[..., None]) -> None:
     say(
-        f"\nprofile: ctrlrun proxy under protected writes, {prof['requests']} requests at "
+        f"\nprofile: ctrlrun proxy under {prof['load']}, {prof['requests']} requests at "
         f"{prof['req_per_s']:.0f} req/s"
     )
     say(
@@ -475,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the ctrlrun proxy of this interpreter (another checkout's venv)",
     )
     add("--profile", action="store_true", help="then profile ctrlrun proxy under writes")
+    add(
+        "--profile-reads",
+        action="store_true",
+        help="profile it under pass-through reads instead (with --profile)",
+    )
     add("--profile-seconds", type=float, default=10.0, help="(default 10)")
     add("--top", type=int, default=25, help="profile rows per table (default 25)")
     add("--keep", action="store_true", help="keep the work directory (logs, ledger)")
@@ -530,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"NOTE: the {args.max_seconds:.0f} s budget ran out; some figures have fewer rounds"
             )
         if args.profile:
-            out["profile"] = profile(by_name["ctrlrun_write"], requests, args, workdir)
+            kind = "read" if args.profile_reads else "write"
+            out["profile"] = profile(by_name[f"ctrlrun_{kind}"], requests, args, workdir)
             report_profile(out["profile"], say)
     except KeyboardInterrupt:
         print("\nbench_proxy: interrupted; stopping the child processes", file=sys.stderr)
