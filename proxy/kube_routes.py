@@ -105,7 +105,7 @@ def _dry_run(request: Request) -> bool:
         # so "?dryRun=All" beside a body is a real delete. A body ctrlrun cannot read (say,
         # protobuf) is not proof of a dry run: the delete stays protected.
         try:
-            options = load_json(request.body, floats=True)
+            options = load_json(request.body, floats=True, folded=True)
         except BadInput:
             return False
         return isinstance(options, dict) and _all_dry(options.get("dryRun"))

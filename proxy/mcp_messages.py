@@ -20,6 +20,11 @@ INTERNAL_ERROR = -32603
 # The server refused the message before running anything: nothing happened.
 NOT_RUN_CODES = frozenset({PARSE_ERROR, INVALID_REQUEST, -32601, INVALID_PARAMS})
 MAX_DEPTH = 64
+# The members a server reads from a message and from a call's params. Some servers match
+# JSON keys without regard to case (Go's encoding/json, which the Go MCP SDKs use: "Method"
+# is "method" there), so a key that is one of these but for its case is refused.
+ENVELOPE_KEYS = ("jsonrpc", "id", "method", "params", "result", "error")
+PARAMS_KEYS = ("name", "arguments", "_meta")
 
 RequestId = str | int
 
@@ -55,20 +60,37 @@ def load_messages(body: bytes, headers: Mapping[str, str]) -> list[Any] | dict[s
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(PARSE_ERROR, f"the body is not one JSON value: {exc}") from None
     if isinstance(value, dict):
+        _exact_members(value, ENVELOPE_KEYS, "a message")
         return value
     if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        for message in value:
+            _exact_members(message, ENVELOPE_KEYS, "a message")
         return value
     raise ProtocolError(INVALID_REQUEST, "the body must be a JSON-RPC message or a batch of them")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    folded: set[str] = set()
     for key, value in pairs:
-        if key in out:
-            # Parsers disagree on which of two values wins; the server may read the other one.
-            raise ValueError(f"key {key[:40]!r} is given twice")
+        if key.casefold() in folded:
+            # Parsers disagree on which of two values wins, and some read "Amount" as
+            # "amount": the server may read the other one.
+            raise ValueError(f"key {key[:40]!r} is given twice (case aside)")
+        folded.add(key.casefold())
         out[key] = value
     return out
+
+
+def _exact_members(obj: Mapping[str, Any], names: Sequence[str], where: str) -> None:
+    """Refuse a key that is one of ``names`` but for its case: ctrlrun would not read it, and
+    a server matching keys loosely would."""
+    for key in obj:
+        for name in names:
+            if key != name and key.casefold() == name:
+                raise ProtocolError(
+                    INVALID_REQUEST, f"{where} has the key {key[:40]!r}; JSON-RPC names it {name!r}"
+                )
 
 
 def _no_constant(name: str) -> Any:
@@ -88,6 +110,10 @@ def tool_call(message: Mapping[str, Any]) -> ToolCall:
     params = message.get("params")
     if not isinstance(params, dict):
         raise ProtocolError(INVALID_PARAMS, "tools/call params must be an object", rid)
+    try:
+        _exact_members(params, PARAMS_KEYS, "tools/call params")
+    except ProtocolError as exc:
+        raise ProtocolError(INVALID_PARAMS, exc.message, rid) from None
     name = params.get("name")
     if not isinstance(name, str) or not name:
         raise ProtocolError(INVALID_PARAMS, "tools/call params.name must be a string", rid)

@@ -22,6 +22,7 @@ def map_call(
     ``derived``: arguments ctrlrun reads from the request itself (stripe-mcp's ``account``,
     from Stripe-Account), which the call may not give."""
     assert tool.action is not None
+    _case_variants(tool, arguments)
     if tool.arguments is None:
         out = dict(arguments)
     else:
@@ -51,3 +52,18 @@ def map_call(
             )
     check_arguments(out)
     return Mapped(tool.action, out)
+
+
+def _case_variants(tool: McpTool, arguments: Mapping[str, Any]) -> None:
+    """Refuse "Amount" where ctrlrun reads "amount": a server matching keys without regard to
+    case (Go's encoding/json) would take it as the amount ctrlrun never checked."""
+    special = {source for _, sources in tool.aliases for source in sources}
+    for name in arguments:
+        folded = name.casefold()
+        if name == folded:
+            continue
+        if folded == "amount" or folded.endswith("_amount") or folded in special:
+            raise BadInput(
+                f"tool {shown(tool.name)} was given argument {shown(name)}; ctrlrun reads "
+                f"{shown(folded)} and a server may read this as it"
+            )

@@ -20,6 +20,8 @@ WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # carrying one may be a DELETE to the remote, so it is never a read.
 OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
 OVERRIDE_PARAMETER = "_method"
+# Headers that say how to read a write's body: sent twice, ctrlrun could read another body.
+BODY_HEADERS = frozenset({"content-type", "content-encoding"})
 # The same rule in bytes, for the addon's check of a raw request (reads are its hot path).
 READ_METHOD_BYTES = frozenset(m.encode() for m in READ_METHODS)
 WRITE_HEADER_BYTES = frozenset(n.encode() for n in ("upgrade", *OVERRIDE_HEADERS))
@@ -133,6 +135,10 @@ def check_body(request: Request) -> None:
     """Refuse a body ctrlrun will not parse on the protected path: too large, or encoded."""
     if len(request.body) > MAX_BODY:
         raise BadInput(f"the body is {len(request.body)} bytes; ctrlrun reads at most {MAX_BODY}")
+    for name in sorted(BODY_HEADERS & request.repeated):
+        # Servers differ on which of two they read (Go's the first, others the last), and a
+        # body can be one write as a form and another as JSON.
+        raise BadInput(f"the header {name} is sent more than once")
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if request.body and encoding not in ("", "identity"):
         # The body is forwarded as sent, so it is read as sent: bytes that parse one way
@@ -229,8 +235,21 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def load_json(body: bytes, *, floats: bool) -> Any:
-    """Parse a JSON body strictly: UTF-8, no duplicate keys, no NaN; floats only if allowed."""
+def _no_folded_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Go's encoding/json and ASP.NET's web defaults match keys without regard to case, the
+    # last one winning: {"amount": 1, "Amount": 900000} is 900000 there.
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key.casefold() in seen:
+            raise BadInput(f"the JSON body repeats the key {shown(key)} (case aside)")
+        seen.add(key.casefold())
+    return _no_duplicates(pairs)
+
+
+def load_json(body: bytes, *, floats: bool, folded: bool = False) -> Any:
+    """Parse a JSON body strictly: UTF-8, no duplicate keys, no NaN; floats only if allowed.
+
+    ``folded``: also refuse two keys of one object that differ only in case."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -238,7 +257,7 @@ def load_json(body: bytes, *, floats: bool) -> Any:
     try:
         return json.loads(
             text,
-            object_pairs_hook=_no_duplicates,
+            object_pairs_hook=_no_folded_duplicates if folded else _no_duplicates,
             parse_constant=_refuse_constant,
             parse_float=None if floats else _refuse_float,
         )

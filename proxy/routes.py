@@ -117,6 +117,7 @@ def _map_http(upstream: Upstream, request: Request, segments: list[str]) -> Rout
             continue
         check_body(request)
         arguments = _http_fields(request)
+        _add_query(arguments, request)
         for name, value in params.items():
             given = arguments.get(name, value)
             if given != value and not (type(given) is int and str(given) == value):
@@ -129,13 +130,23 @@ def _map_http(upstream: Upstream, request: Request, segments: list[str]) -> Rout
     )
 
 
+def _add_query(arguments: dict[str, Any], request: Request) -> None:
+    """The query's parameters are arguments too: many servers (Flask's ``request.values``,
+    Spring's ``@RequestParam``, PHP's ``$_REQUEST``) read them beside the body's fields, so a
+    write's query must not hold what ctrlrun never saw. A name in both is refused."""
+    for name, values in request.query.items():
+        if name in arguments:
+            raise BadInput(f"{shown(name)} is given in both the query and the body")
+        arguments[name] = values[0] if len(values) == 1 else list(values)
+
+
 def _http_fields(request: Request) -> dict[str, Any]:
     """A JSON object body's fields, or form fields (a repeated name gives a list)."""
     if not request.body:
         return {}
     kind = media_type(request.headers)
     if kind == "application/json" or kind.endswith("+json"):
-        body = load_json(request.body, floats=False)
+        body = load_json(request.body, floats=False, folded=True)
         if not isinstance(body, dict):
             raise BadInput("the JSON body must be an object to give named arguments")
         return body

@@ -1,0 +1,130 @@
+"""Writes to a ``profile: http`` route that a server may read otherwise than ctrlrun does,
+sent through a real sidecar to a real HTTP server that records what reaches it.
+
+The policy allows a charge of at most 1000; each attack carries an amount ctrlrun would read
+as small and the server as 900000. Each one must be refused with a receipt, nothing
+forwarded; the plain charge still goes through.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import Sidecar, start_sidecar
+
+from ctrlrun.receipts import load_receipts
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+pytestmark = pytest.mark.timeout(120)
+
+# Formatted by the harness: braces are doubled.
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.charge:
+    rules:
+      - when: {{amount_lte: 1000}}
+        decision: allow
+      - when: {{amount_eq: "5"}}
+        decision: allow
+      - decision: deny
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:PORT
+    routes:
+      - {{method: POST, path: "/v1/charges", action: billing.charge}}
+"""
+
+
+class Billing:
+    """An HTTP server on loopback that answers 200 and keeps every request it is sent."""
+
+    def __init__(self) -> None:
+        received: list[tuple[str, str, bytes]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("content-length") or 0)
+                received.append((self.command, self.path, self.rfile.read(size)))
+                body = b'{"id":"ch_1"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
+    billing = Billing()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy = POLICY.replace("PORT", str(billing.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            yield sc, billing
+        finally:
+            sc.stop()
+            billing.close()
+
+
+JSON = ("Content-Type", "application/json")
+FORM = ("Content-Type", "application/x-www-form-urlencoded")
+# A form (amount=5) and a JSON object (amount 900000) at once.
+BOTH = b'{"=":"&amount=5&b=","amount":900000}'
+ATTACKS = [
+    # Go's encoding/json and ASP.NET read keys without regard to case, the last one winning.
+    ("/v1/charges", [JSON], b'{"amount":1,"Amount":900000}'),
+    # Two Content-Types: Go reads the first (JSON), ctrlrun read the last (a form).
+    ("/v1/charges", [JSON, FORM], BOTH),
+    ("/v1/charges", [FORM, JSON], BOTH),
+    # A query beside the body: Flask's request.values reads the query first.
+    ("/v1/charges?amount=900000", [FORM], b"amount=5"),
+    ("/v1/charges?amount=900000", [JSON], b'{"amount":5}'),
+]
+
+
+@pytest.mark.parametrize(("target", "headers", "body"), ATTACKS)
+def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
+    rig: tuple[Sidecar, Billing], target: str, headers: list[tuple[str, str]], body: bytes
+) -> None:
+    sc, billing = rig
+    url = f"http://127.0.0.1:{billing.port}{target}"
+    with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
+        got = http.post(url, content=body, headers=headers)
+        assert got.status_code >= 400, got.text
+        assert got.headers["x-ctrlrun-outcome"] == "invalid_request", got.text
+        assert billing.received == []
+        plain = http.post(
+            f"http://127.0.0.1:{billing.port}/v1/charges",
+            content=b'{"amount":700}',
+            headers=[JSON],
+        )
+        assert plain.status_code == 200, plain.text
+    assert [json.loads(b) for _, _, b in billing.received] == [{"amount": 700}]
+    store = sc.store()
+    try:
+        with store.reading() as conn:
+            got = [(r.action, r.result) for r in load_receipts(conn)]
+    finally:
+        store.close()
+    assert got == [("billing.invalid", "denied"), ("billing.charge", "committed")]
