@@ -197,7 +197,7 @@ class SQLiteStateStore(StateStore):
         event.listen(engine, "connect", _sqlite_connect)
         self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
-        self._writers = GroupCommit(engine.connect, self._begin)
+        self._writers = GroupCommit(engine.connect, _begin_immediate)
         super().__init__(engine, create=create or new)
         try:
             self._watch_files(new=new, mark=create or new)
@@ -237,11 +237,23 @@ class SQLiteStateStore(StateStore):
             yield conn
 
     def close(self) -> None:
+        self._writers.close()
         if self._checkpointer is not None:
             self._checkpointer.stop()
         if self._anchor is not None:
             self._anchor.close()
         super().close()
+
+
+def _begin_immediate(conn: Connection) -> None:
+    """``BEGIN IMMEDIATE`` sent by the driver, in a transaction SQLAlchemy knows of (its
+    ``begin()`` sends nothing on SQLite): ``exec_driver_sql`` cost ~20 µs of Python more."""
+    conn.begin()
+    try:
+        conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
