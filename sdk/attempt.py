@@ -10,11 +10,12 @@ from typing import Any
 from sqlalchemy import Connection
 
 from . import tracing
-from .action import Action, iso
+from .action import Action
 from .approvals import Approval
 from .budgets import BudgetCharge
 from .context import idempotency_token_for
 from .receipts import Receipt, write_receipt
+from .timestamps import stamp
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,8 @@ def attempt_receipt(
         "result": result,
         "error": error,
         "policy_hash": attempt.policy_hash,
-        "started_at": iso(attempt.started_at),
-        "finished_at": iso(now),
+        "started_at": stamp(attempt.started_at),
+        "finished_at": stamp(now),
     }
     trace_id = tracing.trace_id()
     if trace_id is not None:  # optional: only a traced request or call has one

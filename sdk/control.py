@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import budgets, ledger
-from .action import Action, Principal, iso, new_id, parse_iso
+from .action import Action, Principal, new_id, parse_iso
 from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, decided, describe
 from .context import attempt_token
@@ -36,6 +36,7 @@ from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler
 from .states import EffectState
 from .templates import Template
+from .timestamps import stamp
 from .writer import Admitted, admit
 
 if TYPE_CHECKING:
@@ -174,12 +175,12 @@ class Control:
         with self.store.transaction() as conn:
             if attempt.held and key is not None:
                 values: dict[str, Any] = {
-                    "updated_at": iso(now),
+                    "updated_at": stamp(now),
                     "lease_expires_at": None,
                     "error": error,
                 }
                 if outcome == "committed":
-                    values["committed_at"] = iso(now)
+                    values["committed_at"] = stamp(now)
                 moved = ledger.move_effect(
                     conn,
                     key,

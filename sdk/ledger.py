@@ -15,12 +15,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
 
-from .action import iso, parse_iso
+from .action import parse_iso
 from .errors import StoreError
 from .events import EventType
 from .schema import GENESIS_HASH, approval_votes, approvals, receipt_chain
 from .schema import effects as E
 from .states import LEASE_EXPIRED, EffectRecord, EffectState, check_transition
+from .timestamps import stamp
 
 # The statements every decision runs are plain SQL on the driver's connection, inside the
 # caller's SQLAlchemy transaction: through Core each costs about 25 µs of Python on top of the
@@ -159,7 +160,7 @@ def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:
         new=EffectState.AMBIGUOUS,
         action_id=record.action_id,
         attempt=record.attempt,
-        values={"updated_at": iso(now), "lease_expires_at": None, "error": LEASE_EXPIRED},
+        values={"updated_at": stamp(now), "lease_expires_at": None, "error": LEASE_EXPIRED},
     ):
         return False
     append_event(
@@ -235,13 +236,17 @@ def event_row(
     data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
-        "ts": iso(now),
+        "ts": stamp(now),
         "type": type_.value,
         "action_id": action_id,
         "effect_key": effect_key,
         "approval_id": approval_id,
-        "data_json": json.dumps(dict(data or {}), sort_keys=True, separators=(",", ":")),
+        "data_json": _event_json(data if type(data) is dict else dict(data)) if data else "{}",
     }
+
+
+# ``json.dumps`` with options builds an encoder per call; this one is built once.
+_event_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def advance_chain(conn: Connection) -> tuple[int, str]:

@@ -51,9 +51,9 @@ def write_receipt(
     doc = {"schema": RECEIPT_SCHEMA, "receipt_id": new_id("ctr"), **fields}
     doc["seq"] = seq
     doc["prev_hash"] = prev
-    body = canonical_bytes(doc, checked=True).decode("utf-8")
-    digest = sha256(body.encode("utf-8"))
-    store_receipt(conn, doc, body, digest, event_pos)
+    raw = canonical_bytes(doc, checked=True)
+    digest = sha256(raw)
+    store_receipt(conn, doc, raw.decode("utf-8"), digest, event_pos)
     return Receipt(doc, digest)
 
 
