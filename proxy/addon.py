@@ -277,10 +277,10 @@ def _refuse(flow: http.HTTPFlow, passage: Passage, profile: str) -> None:
 def _is_read(req: http.Request) -> bool:
     """``hidden_write(...) is None`` on mitmproxy's raw request: its case-insensitive lookups
     and query parsing would cost reads (the hot path) more than the rest of the proxy."""
-    if req.data.method not in READ_METHOD_BYTES:
-        return False
-    for name, _ in req.headers.fields:
-        if name.lower() in WRITE_HEADER_BYTES:
+    if req.data.method not in READ_METHOD_BYTES or req.raw_content:
+        return False  # a read with a body is refused by the guard (``unreadable``)
+    for name, value in req.headers.fields:
+        if name.lower() in WRITE_HEADER_BYTES or b"\n" in value or b"\r" in value:
             return False
     path = req.data.path
     if b"%" in path or OVERRIDE_PARAMETER.encode() in path:  # "%5Fmethod" is "_method" too
@@ -299,6 +299,9 @@ def facts(flow: http.HTTPFlow) -> Request:
         headers={k.lower(): v for k, v in req.headers.items(multi=True)},
         body=req.raw_content if req.raw_content is not None else b"",
         repeated=frozenset(name for name in names if names.count(name) > 1),
+        folded=frozenset(
+            k.decode("latin-1").lower() for k, v in req.headers.fields if b"\n" in v or b"\r" in v
+        ),
     )
 
 

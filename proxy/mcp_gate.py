@@ -70,6 +70,8 @@ class McpGate:
         principal: Principal | None,
     ) -> McpHandled | PassThrough:
         method = request.method.upper()
+        if request.folded:
+            return _protocol(ProtocolError(-32600, "ctrlrun relays no header folded over lines"))
         if "upgrade" in request.headers or overridden(request.headers, request.query):
             # The server may honour either and run what ctrlrun did not read as a message.
             return _protocol(ProtocolError(-32600, "ctrlrun relays no Upgrade or method override"))

@@ -42,6 +42,7 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
     body: bytes = b""  # as it will be forwarded (still content-encoded, if it is)
     repeated: frozenset[str] = frozenset()  # lower-case names of headers sent more than once
+    folded: frozenset[str] = frozenset()  # lower-case names of headers with a line break
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,25 @@ def hidden_write(method: str, headers: Container[str], query: Container[str]) ->
         return f"{method} with Upgrade opens a connection that can change anything"
     override = overridden(headers, query)
     return None if override is None else f"{method} with {override}"
+
+
+def unreadable(request: Request) -> str | None:
+    """Why a request must not reach an upstream whatever it is, or None.
+
+    A header folded over two lines (obs-fold) reaches the remote as sent, and a server that
+    starts a new header at the second line would read one ctrlrun never saw. A read with a
+    body: a server that does not read the body of a GET takes it for a request of its own
+    on the same connection, a write nobody decided.
+    """
+    if request.folded:
+        name = sorted(request.folded)[0]
+        return f"the header {shown(name, 60)} is folded over two lines; send it on one"
+    if request.body and request.method in READ_METHODS:
+        return (
+            f"a {request.method} with a body is refused: a server that does not read it "
+            "would take it for a request of its own; send the body with a write method"
+        )
+    return None
 
 
 def overridden(headers: Container[str], query: Container[str]) -> str | None:

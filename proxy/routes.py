@@ -40,6 +40,7 @@ from .route_values import (
     overridden,
     path_segments,
     shown,
+    unreadable,
 )
 from .stripe_routes import FORM, map_stripe, parse_form
 
@@ -58,10 +59,14 @@ __all__ = [
 def map_request(upstream: Upstream, request: Request) -> RouteResult:
     """Say what ``request``, sent to ``upstream``, is; never raises.
 
-    Reads pass through before anything is parsed, so they keep flowing whatever their
-    bodies hold. A write is matched against the profile's routes; only a matched write has
-    its body read (at most ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
+    Reads pass through before anything is parsed; a read with a body, and any request with
+    a header folded over two lines, is ``Invalid`` (``unreadable``). A write is matched
+    against the profile's routes; only a matched write has its body read (at most
+    ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
     """
+    refused = unreadable(request)
+    if refused is not None:
+        return Invalid(refused)
     if hidden_write(request.method, request.headers, request.query) is None:
         if upstream.profile == "kubernetes" and _is_watch(request):
             return PassThrough("a Kubernetes watch is a read")

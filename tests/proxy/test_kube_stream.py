@@ -228,7 +228,13 @@ def test_the_addons_fast_read_check_is_hidden_write(
 
     from ctrlrun.proxy.addon import _is_read
 
-    flow_request = tutils.treq(method=method, path=path, headers=http.Headers(headers))
+    flow_request = tutils.treq(method=method, path=path, headers=http.Headers(headers), content=b"")
     names = {k.decode().lower(): v.decode() for k, v in headers}
     query = {k: flow_request.query.get_all(k) for k in flow_request.query}
     assert _is_read(flow_request) is (hidden_write(method.decode(), names, query) is None)
+    # A body, or a header folded over two lines, leaves the fast path: the guard refuses it.
+    flow_request.raw_content = b"POST /v1/refunds HTTP/1.1\r\n\r\n"
+    assert not _is_read(flow_request)
+    flow_request.raw_content = b""
+    flow_request.headers.fields += ((b"X-A", b"a\r\n X-Http-Method-Override: DELETE"),)
+    assert not _is_read(flow_request)

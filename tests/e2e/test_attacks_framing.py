@@ -1,0 +1,175 @@
+"""HTTP framing games through a real sidecar, to a server that keeps every byte it is sent.
+
+A read is relayed as sent, so what it carries beyond a plain read must not reach the remote:
+a body on a GET (a server that does not read it takes it for the next request on the
+connection: a write nobody decided) and a header folded over two lines (a server that starts
+a new header at the second line reads one ctrlrun never saw). Conflicting lengths, unknown
+transfer codings and pipelined writes are mitmproxy's to refuse or to hand to the guard one by
+one; they are pinned here too.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import Sidecar, start_sidecar
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+pytestmark = pytest.mark.timeout(120)
+
+# Formatted by the harness: braces are doubled.
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.send:
+    decision: deny
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:PORT
+    routes:
+      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
+"""
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+class Upstream:
+    """A TCP server on loopback that keeps every byte and answers each head it sees, 200."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        seen = 0
+        with conn:
+            try:
+                while data := conn.recv(65536):
+                    self.received += data
+                    heads = bytes(self.received).count(b"\r\n\r\n")
+                    conn.sendall(OK * (heads - seen))
+                    seen = heads
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Upstream]]:
+    upstream = Upstream()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy = POLICY.replace("PORT", str(upstream.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            yield sc, upstream
+        finally:
+            sc.stop()
+            upstream.sock.close()
+
+
+def exchange(sc: Sidecar, data: bytes, *, wait: float = 3.0) -> bytes:
+    """Send ``data`` to the proxy on one connection; what came back before it went quiet."""
+    host, port = sc.proxy_url.rsplit("/", 1)[1].split(":")
+    got = b""
+    with socket.create_connection((host, int(port)), timeout=wait) as conn:
+        conn.sendall(data)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+SMUGGLED = b"POST /v1/invoices/in_1/send HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+
+def head(port: int, line: bytes, *headers: bytes) -> bytes:
+    method, path = line.split(b" ", 1)
+    lines = [b"%s http://127.0.0.1:%d%s HTTP/1.1" % (method, port, path)]
+    lines += [b"Host: 127.0.0.1:%d" % port, *headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def attacks(port: int) -> dict[str, bytes]:
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED)
+    return {
+        "get-body": head(port, b"GET /v1/x", b"Content-Length: %d" % len(SMUGGLED)) + SMUGGLED,
+        "get-chunked-body": head(port, b"GET /v1/x", b"Transfer-Encoding: chunked") + chunked,
+        "options-body": head(port, b"OPTIONS /v1/x", b"Content-Length: 1") + b"x",
+        "get-obs-fold": head(port, b"GET /v1/x", b"X-A: a", b" X-HTTP-Method-Override: POST"),
+    }
+
+
+@pytest.mark.parametrize("name", ["get-body", "get-chunked-body", "options-body", "get-obs-fold"])
+def test_a_read_carrying_more_than_a_read_is_refused_unforwarded(
+    rig: tuple[Sidecar, Upstream], name: str
+) -> None:
+    sc, upstream = rig
+    got = exchange(sc, attacks(upstream.port)[name])
+    assert got.startswith(b"HTTP/1.1 4"), got[:200]
+    assert b"X-Ctrlrun-Outcome: invalid_request" in got, got[:400]
+    assert bytes(upstream.received) == b""
+    # A plain read still passes.
+    got = exchange(sc, head(upstream.port, b"GET /v1/x"), wait=2)
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok"), got[:200]
+    assert bytes(upstream.received).startswith(b"GET /v1/x HTTP/1.1\r\n")
+
+
+def test_a_write_with_a_folded_header_is_refused_unforwarded(
+    rig: tuple[Sidecar, Upstream],
+) -> None:
+    sc, upstream = rig
+    data = head(upstream.port, b"POST /v1/other", b"X-A: a", b" b", b"Content-Length: 0")
+    got = exchange(sc, data)
+    assert got.startswith(b"HTTP/1.1 4") and b"invalid_request" in got, got[:400]
+    assert bytes(upstream.received) == b""
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (b"Content-Length: 0", b"Transfer-Encoding: chunked"),
+        (b"Content-Length: 0", b"Content-Length: 5"),
+        (b"Transfer-Encoding: chunked, identity",),
+        (b"Transfer-Encoding: gzip",),
+        (b"Transfer-Encoding : chunked",),
+    ],
+)
+def test_conflicting_framing_is_refused_by_the_proxy(
+    rig: tuple[Sidecar, Upstream], headers: tuple[bytes, ...]
+) -> None:
+    sc, upstream = rig
+    got = exchange(sc, head(upstream.port, b"GET /v1/x", *headers) + b"0\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 400"), got[:200]
+    assert bytes(upstream.received) == b""
+
+
+def test_a_write_pipelined_after_a_read_is_guarded(rig: tuple[Sidecar, Upstream]) -> None:
+    sc, upstream = rig
+    write = head(upstream.port, b"POST /v1/invoices/in_1/send", b"Content-Length: 0")
+    got = exchange(sc, head(upstream.port, b"GET /v1/x") + write)
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    assert b"X-Ctrlrun-Outcome: denied" in got, got[:600]
+    assert bytes(upstream.received).count(b"HTTP/1.1\r\n") == 1
+    assert b"POST" not in bytes(upstream.received)
