@@ -76,8 +76,12 @@ class McpGate:
             # The server may honour either and run what ctrlrun did not read as a message.
             return _protocol(ProtocolError(-32600, "ctrlrun relays no Upgrade or method override"))
         if request.method != "POST":
-            if request.method in PASSING_METHODS and not request.body:
+            session_end = request.method != "DELETE" or "mcp-session-id" in request.headers
+            if request.method in PASSING_METHODS and not request.body and session_end:
                 return PassThrough(f"{request.method} carries no MCP message")
+            if request.method == "DELETE":
+                # MCP's DELETE ends the session it names; any other is another API's write.
+                return _protocol(ProtocolError(-32600, "a DELETE that names no Mcp-Session-Id"))
             return _protocol(ProtocolError(-32600, f"ctrlrun relays no {method} with a body"))
         try:
             if len(request.body) > MAX_BODY:

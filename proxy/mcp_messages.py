@@ -60,13 +60,27 @@ def load_messages(body: bytes, headers: Mapping[str, str]) -> list[Any] | dict[s
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(PARSE_ERROR, f"the body is not one JSON value: {exc}") from None
     if isinstance(value, dict):
-        _exact_members(value, ENVELOPE_KEYS, "a message")
+        _check_message(value)
         return value
     if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
         for message in value:
-            _exact_members(message, ENVELOPE_KEYS, "a message")
+            _check_message(message)
         return value
     raise ProtocolError(INVALID_REQUEST, "the body must be a JSON-RPC message or a batch of them")
+
+
+def _check_message(message: Mapping[str, Any]) -> None:
+    """A JSON-RPC 2.0 request, notification or response, with its members spelt exactly.
+
+    Anything else is not MCP: another API on the same host (``POST /v1/refunds`` with a JSON
+    body) would pass as "no tools/call" and reach the server undecided."""
+    _exact_members(message, ENVELOPE_KEYS, "a message")
+    response = "id" in message and ("result" in message) != ("error" in message)
+    if message.get("jsonrpc") != "2.0" or not (isinstance(message.get("method"), str) or response):
+        raise ProtocolError(
+            INVALID_REQUEST,
+            'not a JSON-RPC 2.0 message ("jsonrpc": "2.0" and a method or a result)',
+        )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -115,3 +115,28 @@ def test_keys_a_server_may_read_without_case_are_refused_and_nothing_is_forwarde
         assert json.loads(mcp_server.received[-1]) == json.loads(plain)
     finally:
         http.close()
+
+
+def test_another_api_on_the_mcp_host_is_not_passed_as_no_tool_call(
+    sc: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
+) -> None:
+    # A server that also serves a REST API beside its MCP endpoint: a JSON POST that is not
+    # JSON-RPC, or a DELETE that ends no session, is that API's write, not MCP traffic.
+    http, headers = _session(mcp_server.url, sc.proxy_url)
+    try:
+        before = len(mcp_server.received)
+        got = http.post(
+            f"{mcp_server.url}/v1/refunds",
+            content=b'{"payment_intent":"pi_1","amount":900000}',
+            headers=headers,
+        )
+        assert got.headers.get("x-ctrlrun-outcome") == "invalid_request", got.text
+        assert len(mcp_server.received) == before
+        bare = {k: v for k, v in headers.items() if k != "Mcp-Session-Id"}
+        got = http.delete(f"{mcp_server.url}/v1/customers/cus_1", headers=bare)
+        assert got.headers.get("x-ctrlrun-outcome") == "invalid_request", got.text
+        # The session's own DELETE still ends it.
+        got = http.delete(mcp_server.url, headers=headers)
+        assert got.headers.get("x-ctrlrun-outcome") is None and got.status_code < 300, got.text
+    finally:
+        http.close()

@@ -129,6 +129,12 @@ CALL = '{"jsonrpc":"2.0","id":1,%s,"params":%s}'
         CALL % ('"method":"tools/call"', '{"name":"t","NAME":"w"}'),
         "[" + CALL % ('"Method":"tools/call"', '{"name":"t"}') + "]",
         '{"jsonrpc":"2.0","ID":1,"method":"tools/call","params":{"name":"t"}}',
+        # Not JSON-RPC 2.0 at all: another API of the same host, never "no tools/call".
+        '{"amount":900000,"payment_intent":"pi_1"}',
+        '{"jsonrpc":"1.0","method":"tools/call","id":1,"params":{"name":"t"}}',
+        '{"jsonrpc":"2.0","id":1}',
+        '{"jsonrpc":"2.0","id":1,"result":{},"error":{}}',
+        '[{"jsonrpc":"2.0","method":"ping","id":1},{"refund":1}]',
     ],
 )
 def test_mcp_messages_with_keys_a_server_may_fold_are_refused(body: str) -> None:

@@ -45,10 +45,8 @@ def test_bodies_ctrlrun_cannot_read_with_certainty_are_refused(
 
 def test_a_message_and_a_batch() -> None:
     assert load_messages(json.dumps(CALL).encode(), {}) == CALL
-    assert load_messages(json.dumps([CALL, {"method": "x"}]).encode(), {}) == [
-        CALL,
-        {"method": "x"},
-    ]
+    note = {"jsonrpc": "2.0", "method": "x"}
+    assert load_messages(json.dumps([CALL, note]).encode(), {}) == [CALL, note]
 
 
 @pytest.mark.parametrize(
