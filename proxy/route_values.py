@@ -8,7 +8,7 @@ from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeAlias
-from urllib.parse import unquote_to_bytes
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from ctrlrun.templates import TemplateSyntaxError, parse_template
 
@@ -139,6 +139,35 @@ def overridden(headers: Container[str], query: Container[str]) -> str | None:
         if name in headers:
             return name
     return f"?{OVERRIDE_PARAMETER}=" if OVERRIDE_PARAMETER in query else None
+
+
+def body_override(request: Request) -> str | None:
+    """A ``_method`` field in a write's body, if any: Rails (Rack::MethodOverride), Laravel
+    and Symfony read it from a POST's form (Laravel from a JSON object too) as the method to
+    run, so a POST ctrlrun decides as POST could run as a DELETE. Read leniently, to find
+    the field in any spelling a server would decode."""
+    kind = media_type(request.headers)
+    body = request.body
+    if not body or len(body) > MAX_BODY:
+        return None  # an oversized body is refused where a route reads it
+    if kind == "application/x-www-form-urlencoded":
+        for part in body.split(b"&"):
+            key = unquote_plus(part.split(b"=", 1)[0].decode("latin-1"), errors="replace")
+            if key.strip().split("[", 1)[0] == OVERRIDE_PARAMETER:
+                return f"a {OVERRIDE_PARAMETER} field in its form body"
+    elif kind.startswith("multipart/"):
+        if re.search(rb"""name\s*=\s*["']?_method\b""", body, re.IGNORECASE):
+            return f"a {OVERRIDE_PARAMETER} part in its multipart body"
+    elif body.lstrip()[:1] == b"{":
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError):
+            return None  # a route that reads JSON refuses it; nothing else reads it as JSON
+        if isinstance(value, dict) and any(
+            isinstance(k, str) and k.casefold() == OVERRIDE_PARAMETER for k in value
+        ):
+            return f"a {OVERRIDE_PARAMETER} member in its JSON body"
+    return None
 
 
 def shown(text: str, limit: int = 120) -> str:

@@ -31,6 +31,7 @@ from .route_values import (
     Request,
     RouteResult,
     Unmapped,
+    body_override,
     check_arguments,
     check_body,
     hidden_write,
@@ -72,7 +73,7 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
             return PassThrough("a Kubernetes watch is a read")
         return PassThrough(f"{request.method} is a read")
     method = request.method.upper()
-    override = overridden(request.headers, request.query)
+    override = overridden(request.headers, request.query) or body_override(request)
     if override is not None:
         # The remote may apply the override or the method: ctrlrun cannot know which.
         return Invalid(

@@ -100,6 +100,9 @@ ATTACKS = [
     # A query beside the body: Flask's request.values reads the query first.
     ("/v1/charges?amount=900000", [FORM], b"amount=5"),
     ("/v1/charges?amount=900000", [JSON], b'{"amount":5}'),
+    # A method override in the body: Rails, Laravel and Symfony run this POST as a DELETE.
+    ("/v1/charges", [FORM], b"amount=5&_method=DELETE"),
+    ("/v1/charges", [JSON], b'{"amount":5,"_method":"DELETE"}'),
 ]
 
 

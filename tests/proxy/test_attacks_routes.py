@@ -95,6 +95,28 @@ def test_writes_a_server_may_read_otherwise_are_invalid(
     assert fragment in result.reason
 
 
+MULTIPART = "multipart/form-data; boundary=b"
+PART = b'--b\r\nContent-Disposition: form-data; name="_method"\r\n\r\nDELETE\r\n--b--\r\n'
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        req("POST", CAPTURE, b"amount=5&_method=DELETE", FORM),
+        req("POST", CAPTURE, b"%5Fmethod=delete", FORM),
+        req("POST", CAPTURE, b"_method[]=PUT", FORM),
+        req("POST", CAPTURE, PART, MULTIPART),
+        req("POST", CAPTURE, b'{"amount":5,"_method":"DELETE"}', JSON),
+        req("POST", "/v1/unmapped", b"_method=DELETE", FORM),  # under unmapped_writes: allow too
+        req("POST", "/v1/refunds", b"payment_intent=pi_1&_method=DELETE", FORM),
+    ],
+)
+def test_a_method_override_in_the_body_is_refused(request_: Request) -> None:
+    for upstream in (HTTP, STRIPE):
+        result = map_request(upstream, request_)
+        assert isinstance(result, Invalid) and "_method" in result.reason, result
+
+
 def test_the_query_of_an_http_write_is_read_with_its_body() -> None:
     got = map_request(HTTP, req("POST", CAPTURE, b'{"amount":5}', JSON, {"notify": ["no"]}))
     assert got == Mapped("billing.capture", {"amount": 5, "notify": "no", "charge": "ch_1"})
