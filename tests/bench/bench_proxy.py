@@ -3,6 +3,7 @@
     python tests/bench/bench_proxy.py            # about 1 min 45 s
     python tests/bench/bench_proxy.py --json     # one JSON object instead of lines
     python tests/bench/bench_proxy.py --profile  # then where ctrlrun proxy's time goes (py-spy)
+    python tests/bench/bench_proxy.py --baseline ../before/.venv/bin/python  # and another tree's
 
 One run starts a tiny upstream (``_loadgen.py upstream``: 200 to everything), plain
 ``mitmdump`` in reverse mode in front of it, and ``ctrlrun proxy`` whose reverse listener
