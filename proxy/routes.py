@@ -34,6 +34,7 @@ from .route_values import (
     body_override,
     check_arguments,
     check_body,
+    compile_path,
     hidden_write,
     load_json,
     match_path,
@@ -44,6 +45,7 @@ from .route_values import (
     unreadable,
 )
 from .stripe_routes import FORM, map_stripe, parse_form
+from .stripe_routes import ROUTES as STRIPE_ROUTES
 
 __all__ = [
     "MAX_BODY",
@@ -87,9 +89,18 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
     if method != request.method:
         request = dataclasses.replace(request, method=method)
     try:
-        result = _map_profile(upstream, request, path_segments(request.path))
+        segments = path_segments(request.path)
+        result = _map_profile(upstream, request, segments)
     except BadInput as exc:
         return Invalid(exc.reason)
+    if isinstance(result, Unmapped) and upstream.profile in ("stripe", "http"):
+        near = _near_route(upstream, method, segments)
+        if near is not None:
+            return Invalid(
+                f"{method} {shown(request.path)} is not the path of route {near} as written, "
+                "but a server may read it as that route (ignoring case or a '.format' suffix); "
+                "send the route's own path"
+            )
     if upgrade and isinstance(result, Unmapped):
         # Forwarding it would need a relay ctrlrun keeps for the actions it decides.
         return Invalid(
@@ -107,6 +118,29 @@ def _map_profile(upstream: Upstream, request: Request, segments: list[str]) -> R
             upstream, request, segments
         )
     return _map_http(upstream, request, segments)
+
+
+def _near_route(upstream: Upstream, method: str, segments: list[str]) -> str | None:
+    """A route this unmapped write may be to a server that matches paths loosely: ASP.NET
+    ignores case, Rails takes '/send.json' for '/send'. Under ``unmapped_writes: allow`` it
+    would be forwarded undecided."""
+    if upstream.profile == "stripe":
+        routes = [(m, template, action) for m, template, action in STRIPE_ROUTES]
+    else:
+        routes = [(r.method.upper(), r.path, r.action) for r in upstream.routes]
+    loose = [segment.casefold() for segment in segments]
+    if loose:
+        loose[-1] = loose[-1].rsplit(".", 1)[0] if "." in loose[-1][1:] else loose[-1]
+    for route_method, template, action in routes:
+        compiled = compile_path(template)
+        if route_method != method or compiled is None or len(compiled) != len(loose):
+            continue
+        if all(
+            is_param or text.casefold() == got
+            for (is_param, text), got in zip(compiled, loose, strict=True)
+        ):
+            return f"{route_method} {template} ({action})"
+    return None
 
 
 def _is_watch(request: Request) -> bool:

@@ -131,3 +131,56 @@ def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
     finally:
         store.close()
     assert got == [("billing.invalid", "denied"), ("billing.charge", "committed")]
+
+
+OPEN_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.charge:
+    decision: deny
+  billing.send:
+    effect: "send:{{invoice_id}}"
+    decision: allow
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:PORT
+    unmapped_writes: allow
+    routes:
+      - {{method: POST, path: "/v1/charges", action: billing.charge}}
+      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
+"""
+
+
+@pytest.fixture
+def open_rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
+    billing = Billing()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy = OPEN_POLICY.replace("PORT", str(billing.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            yield sc, billing
+        finally:
+            sc.stop()
+            billing.close()
+
+
+def test_a_path_a_server_may_read_as_a_route_is_not_an_unmapped_write(
+    open_rig: tuple[Sidecar, Billing],
+) -> None:
+    # Under unmapped_writes: allow, a denied route's path spelt as ASP.NET (any case) or
+    # Rails ('.json') still reads it would be forwarded as an unmapped write.
+    sc, billing = open_rig
+    base = f"http://127.0.0.1:{billing.port}"
+    with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
+        for path in ("/V1/Charges", "/v1/charges.json", "/v1/CHARGES/"):
+            got = http.post(base + path, content=b"amount=5", headers=[FORM])
+            assert got.headers["x-ctrlrun-outcome"] == "invalid_request", (path, got.text)
+        assert billing.received == []
+        # A ';' parameter would make another effect key of one invoice (Spring drops it).
+        assert http.post(base + "/v1/invoices/in_1/send").status_code == 200
+        again = http.post(base + "/v1/invoices/in_1;x/send")
+        assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
+        # A truly unmapped write still goes, as the upstream allows.
+        assert http.post(base + "/v1/other", content=b"a=1", headers=[FORM]).status_code == 200
+    assert [path for _, path, _ in billing.received] == ["/v1/invoices/in_1/send", "/v1/other"]

@@ -17,7 +17,7 @@ from ctrlrun.proxy.mcp_config import McpTool
 from ctrlrun.proxy.mcp_messages import ProtocolError, load_messages, tool_call
 from ctrlrun.proxy.mcp_tools import map_call
 from ctrlrun.proxy.route_values import BadInput, KubeWrite
-from ctrlrun.proxy.routes import Invalid, Mapped, Request, map_request
+from ctrlrun.proxy.routes import Invalid, Mapped, Request, Unmapped, map_request
 
 STRIPE = Upstream("stripe", "stripe", "https://api.stripe.com", "https", "api.stripe.com", 443)
 KUBE = Upstream("k", "kubernetes", "https://k:6443", "https", "k", 6443, cluster="c")
@@ -115,6 +115,47 @@ def test_a_method_override_in_the_body_is_refused(request_: Request) -> None:
     for upstream in (HTTP, STRIPE):
         result = map_request(upstream, request_)
         assert isinstance(result, Invalid) and "_method" in result.reason, result
+
+
+OPEN = Upstream(
+    "billing",
+    "http",
+    "http://b:80",
+    "http",
+    "b",
+    80,
+    routes=(Route("POST", "/v1/invoices/{invoice}/send", "billing.send"),),
+    unmapped_writes="allow",
+)
+
+
+@pytest.mark.parametrize(
+    ("upstream", "path"),
+    [
+        (OPEN, "/V1/Invoices/in_1/SEND"),  # ASP.NET routes ignore case
+        (OPEN, "/v1/invoices/in_1/send.json"),  # Rails: '(.:format)'
+        (STRIPE, "/V1/Refunds"),
+        (STRIPE, "/v1/refunds.json"),
+    ],
+)
+def test_a_path_a_server_may_read_as_a_route_is_refused_not_unmapped(
+    upstream: Upstream, path: str
+) -> None:
+    body = b"payment_intent=pi_1" if upstream is STRIPE else b""
+    result = map_request(upstream, req("POST", path, body, FORM if body else None))
+    assert isinstance(result, Invalid) and "may read it as that route" in result.reason, result
+    # Another path, or the route's own, is what it was.
+    assert isinstance(map_request(OPEN, req("POST", "/v1/invoices/in_1/sent")), Unmapped)
+    assert isinstance(map_request(OPEN, req("POST", "/v1/invoices/in_1/send")), Mapped)
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/invoices/in_1;jsessionid=x/send", "/v1/invoices/in_1/send;x", "/v1/in%3Bx/send"]
+)
+def test_a_path_parameter_is_refused(path: str) -> None:
+    # Spring and Tomcat drop it: "in_1;x" would be another effect key for the same invoice.
+    result = map_request(OPEN, req("POST", path))
+    assert isinstance(result, Invalid) and "';'" in result.reason, result
 
 
 def test_the_query_of_an_http_write_is_read_with_its_body() -> None:

@@ -218,7 +218,6 @@ def test_stripe_mapped(request_: Request, action: str, arguments: dict[str, Any]
         req("POST", "/v1/payment_intents/pi_1/confirm"),
         req("POST", "/v2/core/accounts", b"{}", JSON),
         req("TRACE", "/v1/refunds"),
-        req("POST", "/V1/Refunds", "payment_intent=pi_1", FORM),
     ],
 )
 def test_stripe_unmapped(request_: Request) -> None:
