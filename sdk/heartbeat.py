@@ -60,6 +60,7 @@ class Heartbeat:
         self._ids = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._waking_at = 0.0  # monotonic time the thread wakes by itself, while it waits
 
     @contextmanager
     def holding(self, attempt: Attempt, lease: timedelta) -> Iterator[None]:
@@ -78,7 +79,8 @@ class Heartbeat:
                     target=self._run, name="ctrlrun-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._wake.notify()
+            elif entry.due < self._waking_at:
+                self._wake.notify()  # due before the thread would look: wake it now
         try:
             yield
         finally:
@@ -92,7 +94,10 @@ class Heartbeat:
                 due = [(i, h) for i, h in self._held.items() if h.due <= now]
                 soonest = min((h.due for h in self._held.values()), default=now + MAX_WAIT)
                 if not due:
-                    self._wake.wait(min(MAX_WAIT, max(soonest - now, 0.01)))
+                    timeout = min(MAX_WAIT, max(soonest - now, 0.01))
+                    self._waking_at = now + timeout
+                    self._wake.wait(timeout)
+                    self._waking_at = 0.0
                     continue
             for ident, held in due:
                 self._renew(ident, held)
