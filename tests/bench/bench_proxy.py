@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import ArgumentError
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ledger_pg import Databases, check_loopback
 from _loadgen import (
     Child,
     ChildError,
@@ -48,12 +51,26 @@ from _loadgen import (
     run_load,
     thread_cpu,
 )
+from _proxy_extra import (
+    DEFAULT_PG,
+    SustainError,
+    commit_pairs,
+    db_errors,
+    pg_ledger_counts,
+    pg_store_url,
+    report_floor,
+    report_sustain,
+    sustain,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-GOAL_WRITE_RATE = 0.85  # protected writes: at least 0.85x mitmdump's throughput
-GOAL_WRITE_P50_MS = 0.5  # protected writes: p50 at most 0.5 ms above mitmdump's
-GOAL_READ_RATE = 0.95  # pass-through reads: at least 0.95x mitmdump's throughput
+# Issue 15's must-holds 1 and 2, against mitmdump measured in the same rounds:
+GOAL_WRITE_RATE = 1.0  # protected writes: at least mitmdump's throughput
+GOAL_WRITE_P50_MS = 0.3  # protected writes: p50 at most 0.3 ms above mitmdump's
+GOAL_READ_RATE = 1.5  # pass-through reads: at least 1.5x mitmdump's throughput
+GOAL_PG_RATE = 0.7  # protected writes on a PostgreSQL ledger: at least 0.7x mitmdump's
+GOAL_PG_P50_MS = 1.0  # and p50 at most 1.0 ms above mitmdump's
 HEADROOM = 3.0  # the load generator must drive the upstream this much faster than mitmdump
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -69,15 +86,36 @@ upstreams:
     timeout: 30
     reconcile: "off"
 """
-GOALS = (  # what, requests, figure, goal (a ratio to mitmdump's, or ms above it)
-    ("protected writes: throughput", "write", "req_per_s", GOAL_WRITE_RATE),
-    ("protected writes: p50 latency", "write", "p50_ms", GOAL_WRITE_P50_MS),
-    ("pass-through reads: throughput", "read", "req_per_s", GOAL_READ_RATE),
-    ("pass-through reads: p50 latency", "read", "p50_ms", None),
+GOALS = (  # what, ours, mitmdump's twin, figure, goal (a ratio to mitmdump's, or ms above it)
+    (
+        "protected writes: throughput",
+        "ctrlrun_write",
+        "mitmdump_write",
+        "req_per_s",
+        GOAL_WRITE_RATE,
+    ),
+    (
+        "protected writes: p50 latency",
+        "ctrlrun_write",
+        "mitmdump_write",
+        "p50_ms",
+        GOAL_WRITE_P50_MS,
+    ),
+    (
+        "pass-through reads: throughput",
+        "ctrlrun_read",
+        "mitmdump_read",
+        "req_per_s",
+        GOAL_READ_RATE,
+    ),
+    ("pass-through reads: p50 latency", "ctrlrun_read", "mitmdump_read", "p50_ms", None),
+    ("PostgreSQL writes: throughput", "pg_write", "mitmdump_write", "req_per_s", GOAL_PG_RATE),
+    ("PostgreSQL writes: p50 latency", "pg_write", "mitmdump_write", "p50_ms", GOAL_PG_P50_MS),
 )
 RUN_ORDER = (
     "direct_write",
     "direct_read",
+    "pg_write",
     "mitmdump_write",
     "baseline_write",
     "ctrlrun_write",
@@ -85,6 +123,8 @@ RUN_ORDER = (
     "baseline_read",
     "mitmdump_read",
 )
+PG_LABEL = "ctrlrun proxy on PostgreSQL, POST"
+MAX_SUSTAIN_SECONDS = 600.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REVERSE = re.compile(r"reverse stripe 127\.0\.0\.1:(\d+)")
 # With --baseline: another ctrlrun (another checkout's interpreter) against this one.
@@ -222,8 +262,10 @@ def paired(ours: list[float], plain: list[float]) -> float | None:
 def goals(fig: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """ctrlrun proxy against mitmdump on the same requests, each with its verdict."""
     out = []
-    for what, kind, key, goal in GOALS:
-        ours, plain = fig[f"ctrlrun_{kind}"], fig[f"mitmdump_{kind}"]
+    for what, name, twin, key, goal in GOALS:
+        if name not in fig:
+            continue
+        ours, plain = fig[name], fig[twin]
         rate = key == "req_per_s"
         if rate:
             value, cpu = paired(ours["rates"], plain["rates"]), paired(ours["cpu"], plain["cpu"])
@@ -314,11 +356,15 @@ def profile(
 
 
 def start(
-    workdir: Path, children: list[Child], say: Callable[..., None], baseline: str | None = None
-) -> tuple[list[Target], dict[str, Path]]:
+    workdir: Path,
+    children: list[Child],
+    say: Callable[..., None],
+    baseline: str | None = None,
+    pg_store: str | None = None,
+) -> list[Target]:
     """Start the upstream, mitmdump and ctrlrun proxy (into ``children``, to be stopped
-    whatever happens), and with ``baseline`` a second ctrlrun proxy run by that interpreter;
-    the targets and each proxy's ledger."""
+    whatever happens), with ``baseline`` a second ctrlrun proxy run by that interpreter, and
+    with ``pg_store`` one more of this tree on that PostgreSQL ledger; the targets."""
     mitmdump = find_tool("mitmdump")
     if mitmdump is None:
         raise ChildError(
@@ -336,17 +382,22 @@ def start(
     argv = [mitmdump, "--mode", mode, "-q", "--set", f"confdir={workdir / 'mitm-plain'}"]
     plain = Child("mitmdump", argv, workdir, env)
     children.append(plain)
-    proxies = {"ctrlrun": _ctrlrun(sys.executable, "ctrlrun", workdir, up_port, env)}
+    lite = f"sqlite:///{workdir / 'ctrlrun-state.db'}"
+    proxies = {"ctrlrun": _ctrlrun(sys.executable, "ctrlrun", workdir, up_port, env, lite)}
     if baseline:
-        proxies["baseline"] = _ctrlrun(baseline, "baseline", workdir, up_port, env)
-    children.extend(child for child, _ in proxies.values())
+        db = f"sqlite:///{workdir / 'baseline-state.db'}"
+        proxies["baseline"] = _ctrlrun(baseline, "baseline", workdir, up_port, env, db)
+    if pg_store:
+        proxies["pg"] = _ctrlrun(sys.executable, "pg", workdir, up_port, env, pg_store)
+    children.extend(proxies.values())
     plain.wait_for_port(plain_port, 30)
-    ports = {name: int(child.wait_for_line(REVERSE, 30)[1]) for name, (child, _) in proxies.items()}
+    ports = {name: int(child.wait_for_line(REVERSE, 30)[1]) for name, child in proxies.items()}
     say(
         f"upstream 127.0.0.1:{up_port} (_loadgen.py: 200 to everything), mitmdump "
         f"127.0.0.1:{plain_port}, ctrlrun proxy 127.0.0.1:{ports['ctrlrun']} (SQLite, "
         "reconcile off)"
         + (f", baseline {baseline} 127.0.0.1:{ports['baseline']}" if baseline else "")
+        + (f", ctrlrun proxy on PostgreSQL 127.0.0.1:{ports['pg']}" if pg_store else "")
     )
     targets = [
         Target("direct_write", "direct, POST", up_port, "write", up),
@@ -354,32 +405,35 @@ def start(
         Target("mitmdump_write", "mitmdump, POST", plain_port, "write", plain),
         Target("mitmdump_read", "mitmdump, GET", plain_port, "read", plain),
     ]
-    for name, (child, _) in proxies.items():
+    for name, child in proxies.items():
+        if name == "pg":  # reads never touch the ledger: only its writes are measured
+            targets.append(Target("pg_write", PG_LABEL, ports[name], "write", child))
+            continue
         label = "ctrlrun proxy" if name == "ctrlrun" else "baseline"
         targets += [
             Target(f"{name}_write", f"{label}, protected POST", ports[name], "write", child),
             Target(f"{name}_read", f"{label}, pass-through GET", ports[name], "read", child),
         ]
-    return targets, {name: db for name, (_, db) in proxies.items()}
+    return targets
 
 
 def _ctrlrun(
-    python: str, name: str, workdir: Path, up_port: int, env: dict[str, str]
-) -> tuple[Child, Path]:
-    """``ctrlrun proxy`` run by ``python``, guarding the upstream; the child and its ledger."""
+    python: str, name: str, workdir: Path, up_port: int, env: dict[str, str], store: str
+) -> Child:
+    """``ctrlrun proxy`` run by ``python`` on the ledger ``store``, guarding the upstream."""
     # The policy refuses port 0: pick a free one, then read back what the proxy bound.
-    policy, db = workdir / f"{name}.yaml", workdir / f"{name}-state.db"
+    policy = workdir / f"{name}.yaml"
     policy.write_text(POLICY.format(port=up_port, listen=free_port()))
     flags = {
         "--policy": str(policy),
-        "--store-url": f"sqlite:///{db}",
+        "--store-url": store,
         "--listen": "127.0.0.1:0",
         "--principal": "bench-agent",
         "--confdir": str(workdir / f"mitm-{name}"),
         "--sweep-interval": "0",
     }
     argv = [python, "-m", "ctrlrun.cli", "proxy", *(x for kv in flags.items() for x in kv)]
-    return Child(f"{name}-proxy", argv, workdir, env), db
+    return Child(f"{name}-proxy", argv, workdir, env)
 
 
 def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None]) -> None:
@@ -387,12 +441,12 @@ def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None])
         return "-" if v is None else format(v, spec)
 
     fig = out["figures"]
-    say(f"\n  {'':<32} {'req/s':>7} {'(range)':>13}  {'p50 ms':>6} {'p99 ms':>7}  {'CPU µs':>6}")
+    say(f"\n  {'':<34} {'req/s':>7} {'(range)':>13}  {'p50 ms':>6} {'p99 ms':>7}  {'CPU µs':>6}")
     for t in targets:
         s = fig[t.name]
         rng = "({:.0f}–{:.0f})".format(*s["range_req_per_s"]) if s["range_req_per_s"] else "-"
         say(
-            f"  {t.label:<32} {num(s['req_per_s'], '7.0f')} {rng:>13}  "
+            f"  {t.label:<34} {num(s['req_per_s'], '7.0f')} {rng:>13}  "
             f"{num(s['p50_ms'], '6.2f')} {num(s['p99_ms'], '7.2f')}  "
             f"{num(s['cpu_us_per_req'], '6.0f')}"
         )
@@ -408,13 +462,13 @@ def report(out: dict[str, Any], targets: list[Target], say: Callable[..., None])
         value = "n/a" if v is None else f"{v:.2f}x" if x else f"{v:+.2f} ms"
         aim = "" if goal is None else f"goal >= {goal:.2f}x" if x else f"goal <= +{goal:.1f} ms"
         cpu = "" if g["cpu_ratio"] is None else f"  (CPU per request {g['cpu_ratio']:.2f}x)"
-        say(f"  {g['what']:<32} {value:>9}   {aim:<16} {g['verdict'] or '':<4}{cpu}")
+        say(f"  {g['what']:<34} {value:>9}   {aim:<16} {g['verdict'] or '':<4}{cpu}")
     if out.get("baseline"):
         say("\nagainst the baseline (throughput ratio, median over rounds; CPU per request)")
         for c in out["baseline"]:
             value = "n/a" if c["value"] is None else f"{c['value']:.2f}x"
             cpu = "" if c["cpu_ratio"] is None else f"  (CPU per request {c['cpu_ratio']:.2f}x)"
-            say(f"  {c['what']:<32} {value:>9}{cpu}")
+            say(f"  {c['what']:<34} {value:>9}{cpu}")
     if out.get("loadgen_headroom") is not None:
         ok = out["loadgen_headroom"] >= HEADROOM
         say(
@@ -469,12 +523,32 @@ def main(argv: list[str] | None = None) -> int:
     add(
         "--max-seconds",
         type=float,
-        help="budget of the rounds (default 150, 220 with --baseline)",
+        help="budget of the rounds (default 150; +70 with --baseline, +40 with --postgres)",
     )
     add(
         "--baseline",
         metavar="PYTHON",
         help="also measure the ctrlrun proxy of this interpreter (another checkout's venv)",
+    )
+    add(
+        "--postgres",
+        nargs="?",
+        const=DEFAULT_PG,
+        metavar="URL",
+        help="also a ctrlrun proxy on a PostgreSQL ledger: a throwaway database made on this "
+        f"loopback server and dropped at the end (default {DEFAULT_PG})",
+    )
+    add(
+        "--sustain",
+        type=float,
+        metavar="S",
+        help="then protected writes at 1 connection for S seconds per target, and their tail",
+    )
+    add(
+        "--sustain-requests",
+        type=int,
+        default=500_000,
+        help="cap of one sustained run (default 500000)",
     )
     add("--profile", action="store_true", help="then profile ctrlrun proxy under writes")
     add(
@@ -488,9 +562,18 @@ def main(argv: list[str] | None = None) -> int:
     add("--json", action="store_true", help="print one JSON object instead of lines")
     args = ap.parse_args(argv)
     if args.max_seconds is None:
-        args.max_seconds = 220.0 if args.baseline else 150.0
+        args.max_seconds = 150.0 + (70.0 if args.baseline else 0) + (40.0 if args.postgres else 0)
     if min(args.rounds, args.requests, args.latency_requests, args.connections) < 1:
         ap.error("counts must be positive")
+    if args.sustain is not None and not 0 < args.sustain <= MAX_SUSTAIN_SECONDS:
+        ap.error(f"--sustain takes 0 < S <= {MAX_SUSTAIN_SECONDS:.0f} seconds")
+    if args.sustain_requests < 1:
+        ap.error("--sustain-requests must be positive")
+    if args.postgres is not None:
+        try:
+            check_loopback(args.postgres)
+        except (ValueError, ArgumentError) as exc:
+            ap.error(f"--postgres: {exc}")
 
     def say(*parts: object) -> None:
         if not args.json:
@@ -512,8 +595,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     # Ctrl-C and SIGTERM both end up in the cleanup below (SIGINT too when it came in ignored).
     previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in STOP_SIGNALS}
+    dbs: Databases | None = None
     try:
-        targets, dbs = start(workdir, children, say, args.baseline)
+        pg_url = None
+        if args.postgres is not None:
+            dbs = Databases(args.postgres)
+            pg_url = dbs.create("proxy")
+        targets = start(
+            workdir, children, say, args.baseline, pg_store_url(pg_url) if pg_url else None
+        )
         by_name = {t.name: t for t in targets}
         requests = Requests(f"{os.getpid():x}{int(time.time()) % 100000:x}")
         say(
@@ -529,13 +619,30 @@ def main(argv: list[str] | None = None) -> int:
         direct = fig["direct_write"]["req_per_s"]
         plain = max(fig["mitmdump_write"]["req_per_s"] or 0, fig["mitmdump_read"]["req_per_s"] or 0)
         out["loadgen_headroom"] = direct / plain if direct and plain else None
-        out["ledgers"] = {name: ledger_counts(db) for name, db in dbs.items()}
-        out["writes_answered"] = {name: by_name[f"{name}_write"].answered for name in dbs}
+        if pg_url is not None:
+            out["pg_floor"] = commit_pairs(pg_url)
+        if args.sustain is not None:
+            names = ("mitmdump_write", "ctrlrun_write", "pg_write")
+            load = [by_name[n] for n in names if n in by_name]
+            out["sustain"] = sustain(load, requests, args.sustain, args.sustain_requests)
+        proxies = [n.removesuffix("_write") for n in by_name if n.endswith("_write")]
+        proxies = [n for n in proxies if n not in ("direct", "mitmdump")]
+        out["ledgers"] = {
+            name: pg_ledger_counts(pg_url)
+            if name == "pg"
+            else ledger_counts(workdir / f"{name}-state.db")
+            for name in proxies
+        }
+        out["writes_answered"] = {name: by_name[f"{name}_write"].answered for name in proxies}
         report(out, targets, say)
         if out.get("truncated"):
             say(
                 f"NOTE: the {args.max_seconds:.0f} s budget ran out; some figures have fewer rounds"
             )
+        if "pg_floor" in out:
+            report_floor(out["pg_floor"], say)
+        if "sustain" in out:
+            report_sustain(out["sustain"], args.sustain, say)
         if args.profile:
             kind = "read" if args.profile_reads else "write"
             out["profile"] = profile(by_name[f"ctrlrun_{kind}"], requests, args, workdir)
@@ -543,10 +650,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nbench_proxy: interrupted; stopping the child processes", file=sys.stderr)
         return 130
-    except (BenchError, ChildError, sqlite3.Error) as exc:
+    except (BenchError, ChildError, SustainError, sqlite3.Error, *db_errors()) as exc:
         print(f"bench_proxy: {exc}", file=sys.stderr)
         return 1
     finally:
+        if dbs is not None:
+            for child in reversed(children):  # their connections first, then the database
+                child.stop()
+            for left in dbs.drop_all():
+                print(f"bench_proxy: could not drop {left}", file=sys.stderr)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for child in reversed(children):
