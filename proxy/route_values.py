@@ -19,12 +19,24 @@ WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # Headers (and a query parameter) that frameworks read as "use this method instead": a GET
 # carrying one may be a DELETE to the remote, so it is never a read.
 OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
+
+
+def _spellings(name: str) -> list[str]:
+    """``name`` with each '-' as '-' or '_': Rack and CGI servers read both as one header."""
+    out = [""]
+    for char in name:
+        out = [o + c for o in out for c in ("-_" if char == "-" else char)]
+    return out
+
+
+# Every spelling of the override headers, for the lookups that cannot normalise a name.
+OVERRIDE_SPELLINGS = frozenset(v for n in OVERRIDE_HEADERS for v in _spellings(n))
 OVERRIDE_PARAMETER = "_method"
 # Headers that say how to read a write's body: sent twice, ctrlrun could read another body.
 BODY_HEADERS = frozenset({"content-type", "content-encoding"})
 # The same rule in bytes, for the addon's check of a raw request (reads are its hot path).
 READ_METHOD_BYTES = frozenset(m.encode() for m in READ_METHODS)
-WRITE_HEADER_BYTES = frozenset(n.encode() for n in ("upgrade", *OVERRIDE_HEADERS))
+WRITE_HEADER_BYTES = frozenset(n.encode() for n in ("upgrade", *OVERRIDE_SPELLINGS))
 
 # Unicode category Cc is exactly C0, DEL and C1: what can split a header or a log line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -135,7 +147,7 @@ def unreadable(request: Request) -> str | None:
 
 def overridden(headers: Container[str], query: Container[str]) -> str | None:
     """The method-override header (or query parameter) the request carries, if any."""
-    for name in OVERRIDE_HEADERS:
+    for name in OVERRIDE_SPELLINGS:
         if name in headers:
             return name
     return f"?{OVERRIDE_PARAMETER}=" if OVERRIDE_PARAMETER in query else None
@@ -228,6 +240,9 @@ def path_segments(path: str) -> list[str]:
             )
         if _CONTROL.search(segment):
             raise BadInput(f"the path {shown(path)} contains a control character")
+        if "\\" in segment:
+            # IIS, and frameworks on Windows, read a backslash as a '/'.
+            raise BadInput(f"the path {shown(path)} has a backslash, which servers differ on")
         if ";" in segment:
             # Spring and Tomcat drop ';' parameters from a segment: "in_1;x" is "in_1" there.
             raise BadInput(f"the path {shown(path)} has a ';' parameter, which servers differ on")

@@ -128,7 +128,7 @@ def _near_route(upstream: Upstream, method: str, segments: list[str]) -> str | N
         routes = [(m, template, action) for m, template, action in STRIPE_ROUTES]
     else:
         routes = [(r.method.upper(), r.path, r.action) for r in upstream.routes]
-    loose = [segment.casefold() for segment in segments]
+    loose = [segment.casefold().rstrip(" .") for segment in segments]  # IIS drops those
     if loose:
         loose[-1] = loose[-1].rsplit(".", 1)[0] if "." in loose[-1][1:] else loose[-1]
     for route_method, template, action in routes:

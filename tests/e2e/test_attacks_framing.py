@@ -118,10 +118,15 @@ def attacks(port: int) -> dict[str, bytes]:
         "get-chunked-body": head(port, b"GET /v1/x", b"Transfer-Encoding: chunked") + chunked,
         "options-body": head(port, b"OPTIONS /v1/x", b"Content-Length: 1") + b"x",
         "get-obs-fold": head(port, b"GET /v1/x", b"X-A: a", b" X-HTTP-Method-Override: POST"),
+        # Rack and CGI read '_' as '-': this is the override header there.
+        "get-underscore-override": head(port, b"GET /v1/x", b"X_HTTP_METHOD_OVERRIDE: POST"),
     }
 
 
-@pytest.mark.parametrize("name", ["get-body", "get-chunked-body", "options-body", "get-obs-fold"])
+@pytest.mark.parametrize(
+    "name",
+    ["get-body", "get-chunked-body", "options-body", "get-obs-fold", "get-underscore-override"],
+)
 def test_a_read_carrying_more_than_a_read_is_refused_unforwarded(
     rig: tuple[Sidecar, Upstream], name: str
 ) -> None:

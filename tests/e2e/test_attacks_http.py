@@ -168,12 +168,12 @@ def open_rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
 def test_a_path_a_server_may_read_as_a_route_is_not_an_unmapped_write(
     open_rig: tuple[Sidecar, Billing],
 ) -> None:
-    # Under unmapped_writes: allow, a denied route's path spelt as ASP.NET (any case) or
-    # Rails ('.json') still reads it would be forwarded as an unmapped write.
+    # Under unmapped_writes: allow, a denied route's path spelt as ASP.NET (any case), Rails
+    # ('.json') or IIS ('\\' for '/') still reads it would be forwarded as an unmapped write.
     sc, billing = open_rig
     base = f"http://127.0.0.1:{billing.port}"
     with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
-        for path in ("/V1/Charges", "/v1/charges.json", "/v1/CHARGES/"):
+        for path in ("/V1/Charges", "/v1/charges.json", "/v1/CHARGES/", "/v1%5Ccharges"):
             got = http.post(base + path, content=b"amount=5", headers=[FORM])
             assert got.headers["x-ctrlrun-outcome"] == "invalid_request", (path, got.text)
         assert billing.received == []

@@ -136,6 +136,8 @@ OPEN = Upstream(
         (OPEN, "/v1/invoices/in_1/send.json"),  # Rails: '(.:format)'
         (STRIPE, "/V1/Refunds"),
         (STRIPE, "/v1/refunds.json"),
+        (STRIPE, "/v1/refunds."),  # IIS drops trailing dots and spaces
+        (OPEN, "/v1/invoices/in_1/send%20"),
     ],
 )
 def test_a_path_a_server_may_read_as_a_route_is_refused_not_unmapped(
@@ -156,6 +158,22 @@ def test_a_path_parameter_is_refused(path: str) -> None:
     # Spring and Tomcat drop it: "in_1;x" would be another effect key for the same invoice.
     result = map_request(OPEN, req("POST", path))
     assert isinstance(result, Invalid) and "';'" in result.reason, result
+
+
+@pytest.mark.parametrize("path", ["/v1\\charges", "/v1%5Ccharges", "/v1/invoices/a%5Cb/send"])
+def test_a_backslash_in_a_write_path_is_refused(path: str) -> None:
+    result = map_request(OPEN, req("POST", path))
+    assert isinstance(result, Invalid) and "backslash" in result.reason, result
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["X_HTTP_METHOD_OVERRIDE", "x-http_method-override", "X_Method_Override", "x_http_method"],
+)
+def test_an_override_header_spelt_with_underscores_is_an_override(name: str) -> None:
+    # Rack and CGI read '_' and '-' alike: X_HTTP_METHOD_OVERRIDE is the override there.
+    got = map_request(HTTP, Request("GET", "/v1/x", {}, {name.lower(): "DELETE"}))
+    assert isinstance(got, Invalid) and "method" in got.reason, got
 
 
 def test_the_query_of_an_http_write_is_read_with_its_body() -> None:
