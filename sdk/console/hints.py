@@ -59,9 +59,12 @@ def _kubernetes(action: str, args: Mapping[str, Any], where: str) -> str:
     cluster = f" in cluster {args['cluster']}" if args.get("cluster") else ""
     ns = args.get("namespace", "default")
     if action == "k8s.scale":
-        name = args.get("deployment") or args.get("workload") or "?"
+        # A StatefulSet or ReplicaSet is scaled too: ``workload`` names its kind.
+        kind, _, name = str(args.get("workload") or "").partition("/")
+        if not name:
+            kind, name = "deployment", args.get("deployment") or "?"
         return (
-            f"In Kubernetes{cluster}{where}: kubectl -n {ns} get deployment {name} "
+            f"In Kubernetes{cluster}{where}: kubectl -n {ns} get {kind} {name} "
             f"-o jsonpath='{{.spec.replicas}}'. Committed if it is {args.get('replicas')}."
         )
     if action == "k8s.delete_namespace":

@@ -41,6 +41,12 @@ from ctrlrun.operators import Operator
             None,
             ["cluster prod-eu", "kubectl -n shop get deployment web", "Committed if it is 6"],
         ),
+        (
+            "k8s.scale",
+            {"namespace": "db", "statefulset": "pg", "workload": "statefulset/pg", "replicas": 3},
+            None,
+            ["kubectl -n db get statefulset pg", "Committed if it is 3"],
+        ),
         ("k8s.delete_namespace", {"cluster": "c", "name": "tmp"}, None, ["get namespace tmp"]),
         (
             "k8s.delete_deployment",
