@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctrlrun.approval_expiry import expire_due
 from ctrlrun.config import policy_path
 from ctrlrun.control import Control
 from ctrlrun.errors import CTRLRunError, PolicyError
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from mitmproxy.master import Master
 
 log = logging.getLogger(__name__)
+EXPIRE_INTERVAL = 5.0  # seconds between rounds of expiring unanswered approval requests
 
 
 @dataclass(frozen=True)
@@ -221,10 +223,12 @@ async def run(
     notifier = _notifier(sidecar, metrics)
     runner = asyncio.create_task(master.run())
     sweeper = asyncio.create_task(_sweep_forever(sidecar))
+    expirer = asyncio.create_task(_expire_forever(sidecar))
     waiter = asyncio.create_task(stopping.wait())
     await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
     await _drain(guard, sidecar)
     sweeper.cancel()
+    expirer.cancel()
     waiter.cancel()
     if notifier is not None:
         await asyncio.to_thread(notifier.stop)
@@ -294,6 +298,18 @@ async def _sweep_forever(sidecar: Sidecar) -> None:
                 log.info("sweep: %s -> %s", key, answer)
         except Exception as exc:  # the sweep must never stop the proxy
             log.warning("sweep failed: %s", exc)
+
+
+async def _expire_forever(sidecar: Sidecar) -> None:
+    """Record unanswered approval requests as expired once their time is up (webhooks and
+    the queue learn of it then, not when somebody next looks)."""
+    while True:
+        await asyncio.sleep(EXPIRE_INTERVAL)
+        try:
+            for approval_id in await asyncio.to_thread(expire_due, sidecar.store):
+                log.info("approval request %s expired unanswered", approval_id)
+        except Exception as exc:  # a ledger outage: the next round tries again
+            log.warning("expiring approval requests failed: %s", exc)
 
 
 class _Announce:
