@@ -103,8 +103,10 @@ def answers_to(host: str, port: int) -> frozenset[str] | None:
     return frozenset(n.lower() for n in names)
 
 
-def load_tokens(policy_file: str | None, environ: Mapping[str, str] | None) -> dict[str, str]:
-    """The operators' tokens, or a one-line refusal saying what to add."""
+def load_tokens(
+    policy_file: str | None, environ: Mapping[str, str] | None
+) -> tuple[dict[str, str], list[str]]:
+    """The operators' tokens and those with none set, or a one-line refusal saying what to add."""
     path = policy_path(policy_file)
     operators = Policy.from_file(path).section(OPERATORS)
     if not operators:
@@ -118,9 +120,7 @@ def load_tokens(policy_file: str | None, environ: Mapping[str, str] | None) -> d
             f"{path}: no operator can log in: set the token of at least one of "
             + ", ".join(missing)
         )
-    for who in missing:
-        log.warning("console: operator %s has no token set and cannot log in", who)
-    return tokens
+    return tokens, missing
 
 
 def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -> ConsoleServer:
@@ -132,7 +132,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
             "operators' tokens and session cookies: pass --allow-remote to listen there "
             "(and serve it with --tls-cert, or behind a TLS proxy)"
         )
-    tokens = load_tokens(settings.policy, environ)
+    tokens, missing = load_tokens(settings.policy, environ)
     tls = _tls(settings)
     store = _ledger(settings)
     app = App(
@@ -148,6 +148,8 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         store.close()
         raise InvalidArgument(f"--listen {settings.listen}: {exc.strerror or exc}") from exc
     app.hosts = answers_to(host, int(server.server_address[1]))
+    for who in missing:  # only once it starts: a refusal above stays one line
+        log.warning("console: operator %s has no token set and cannot log in", who)
     return server
 
 

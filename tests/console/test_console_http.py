@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import ssl
 import subprocess
 import sys
@@ -383,6 +384,22 @@ def test_the_command_refuses_in_one_line_and_teaches(tmp_path: Path) -> None:
     assert remote.returncode == 2 and "--allow-remote" in remote.stderr
     helped = run("--help")
     assert helped.returncode == 0 and "Example" in helped.stdout and "operators:" in helped.stdout
+
+
+def test_a_refusal_is_one_line_even_with_an_operator_left_without_a_token(
+    tmp_path: Path,
+) -> None:
+    lg = new_ledger(tmp_path)
+    env = {**os.environ, "CONSOLE_ALICE": TOKENS["alice"]}
+    env.pop("CONSOLE_BOB", None)
+    argv = [sys.executable, "-m", "ctrlrun.cli", "console", "--policy", str(lg.policy)]
+    for bad in (["--store-url", f"sqlite:///{tmp_path / 'none.db'}"], ["--tls-key", "k.pem"]):
+        refused = subprocess.run(
+            [*argv, *bad], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+        )
+        assert refused.returncode == 2
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "bob" not in refused.stderr
 
 
 def self_signed(into: Path) -> Path:
