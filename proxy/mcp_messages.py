@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .route_values import body_charset
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
@@ -54,6 +56,9 @@ def load_messages(body: bytes, headers: Mapping[str, str]) -> list[Any] | dict[s
     coding = headers.get("content-encoding", "").strip().lower()
     if coding not in ("", "identity"):
         raise ProtocolError(PARSE_ERROR, f"ctrlrun does not read {coding!r}-coded MCP bodies")
+    charset = body_charset(headers)
+    if charset is not None:
+        raise ProtocolError(PARSE_ERROR, f"ctrlrun reads MCP bodies as UTF-8, not {charset[:40]!r}")
     try:
         text = body.decode("utf-8")
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)

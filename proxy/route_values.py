@@ -196,6 +196,9 @@ def check_body(request: Request) -> None:
     """Refuse a body ctrlrun will not parse on the protected path: too large, or encoded."""
     if len(request.body) > MAX_BODY:
         raise BadInput(f"the body is {len(request.body)} bytes; ctrlrun reads at most {MAX_BODY}")
+    charset = body_charset(request.headers)
+    if request.body and charset is not None:
+        raise BadInput(f"cannot read a body in charset {shown(charset, 40)}; send UTF-8")
     for name in sorted(BODY_HEADERS & request.repeated):
         # Servers differ on which of two they read (Go's the first, others the last), and a
         # body can be one write as a form and another as JSON.
@@ -205,6 +208,18 @@ def check_body(request: Request) -> None:
         # The body is forwarded as sent, so it is read as sent: bytes that parse one way
         # here and decompress into another request upstream would slip past the route.
         raise BadInput(f"cannot read a body with Content-Encoding {shown(encoding)}")
+
+
+def body_charset(headers: Mapping[str, str]) -> str | None:
+    """A charset the Content-Type names other than UTF-8 (or ASCII), else None: ctrlrun reads
+    bodies as UTF-8, and a server honouring ``charset=utf-7`` reads "+AF8-" as "_"."""
+    for param in headers.get("content-type", "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            value = value.strip().strip('"').lower()
+            if value not in ("utf-8", "utf8", "us-ascii"):
+                return value
+    return None
 
 
 def unquote_strict(text: str, *, plus: bool) -> str:

@@ -103,6 +103,8 @@ ATTACKS = [
     # A method override in the body: Rails, Laravel and Symfony run this POST as a DELETE.
     ("/v1/charges", [FORM], b"amount=5&_method=DELETE"),
     ("/v1/charges", [JSON], b'{"amount":5,"_method":"DELETE"}'),
+    # A charset ctrlrun does not read: in UTF-7 "+AF8-" is "_".
+    ("/v1/charges", [("Content-Type", f"{FORM[1]}; charset=utf-7")], b"amount=5"),
 ]
 
 

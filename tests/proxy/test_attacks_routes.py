@@ -176,6 +176,21 @@ def test_an_override_header_spelt_with_underscores_is_an_override(name: str) -> 
     assert isinstance(got, Invalid) and "method" in got.reason, got
 
 
+@pytest.mark.parametrize("charset", ["utf-7", '"UTF-16"', "iso-8859-1"])
+def test_a_body_in_another_charset_is_refused(charset: str) -> None:
+    kind = f"{FORM}; charset={charset}"
+    result = map_request(STRIPE, req("POST", "/v1/refunds", b"payment_intent=pi_1", kind))
+    assert isinstance(result, Invalid) and "charset" in result.reason, result
+    with pytest.raises(ProtocolError):
+        load_messages(
+            b'{"jsonrpc":"2.0","method":"ping"}', {"content-type": f"{JSON}; charset={charset}"}
+        )
+    for fine in ("utf-8", "UTF-8", '"utf-8"'):
+        kind = f"{FORM}; charset={fine}"
+        got = map_request(STRIPE, req("POST", "/v1/refunds", b"payment_intent=pi_1", kind))
+        assert isinstance(got, Mapped), got
+
+
 def test_the_query_of_an_http_write_is_read_with_its_body() -> None:
     got = map_request(HTTP, req("POST", CAPTURE, b'{"amount":5}', JSON, {"notify": ["no"]}))
     assert got == Mapped("billing.capture", {"amount": 5, "notify": "no", "charge": "ch_1"})
