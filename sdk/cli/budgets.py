@@ -23,7 +23,9 @@ def budgets(policy_file: str | None, as_json: bool, store_url: str | None) -> No
     """Show what each budget has spent and has left in its current window.
 
     One line per scope that has spent something (an agent, a user, or `*` for everyone);
-    a budget nobody has touched in this window shows its whole limit left.
+    a budget nobody has touched in this window shows its whole limit left. Each line says
+    what happens past the limit (`over:`): refused, or an operator is asked (and a granted
+    request spends past it, so `spent` may exceed the limit).
 
     \b
     Examples:
@@ -49,6 +51,8 @@ def budgets(policy_file: str | None, as_json: bool, store_url: str | None) -> No
         with store.transaction() as conn:
             spent = ledger_budgets.spent_rows(conn, name, start)
         base = {"action": name, "budget": budget.describe(), "window_start": start}
+        base["over"] = budget.over  # past the limit: refuse, or ask an operator
+        past = "past it: refused" if budget.over == "refuse" else "past it: an operator is asked"
         for scope, used in list(spent.items()) or [("(none yet)", 0)]:
             row = {**base, "scope": scope, "spent": used, "left": max(budget.max - used, 0)}
             if as_json:
@@ -56,7 +60,7 @@ def budgets(policy_file: str | None, as_json: bool, store_url: str | None) -> No
             else:
                 click.echo(
                     f"{name}  {scope}  spent {used}, left {row['left']} of {budget.max}  "
-                    f"({budget.describe()}; window from {start})"
+                    f"({budget.describe()}, {past}; window from {start})"
                 )
     if not found:
         say(f"no action in {path} has a budget:", as_json=as_json)

@@ -3,6 +3,7 @@ also when an AMBIGUOUS one is resolved ``failed`` later (by a reconciler or ``ct
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -135,6 +136,22 @@ def test_a_sqlite_ledger_asks_past_the_limit_and_the_approved_request_runs(
     with pytest.raises(BudgetExceeded):  # over: refuse (the default) still refuses
         control.execute(payout, lambda: None, "payout:o1")
     store.close()
+
+
+def test_budgets_says_what_happens_past_the_limit(tmp_path: Path) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    control = Control(Policy.from_yaml(POLICY), store)
+    refund(control, "p1", 900)
+    store.close()
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY, encoding="utf-8")
+    args = ["budgets", "--store-url", f"sqlite:///{tmp_path / 'state.db'}"]
+    shown = run_cli(args, tmp_path)
+    assert shown.code == 0, shown.err
+    lines = shown.out.splitlines()
+    assert any(ln.startswith("refund  agent:bot") and "an operator is asked" in ln for ln in lines)
+    assert any(ln.startswith("payout  (none yet)") and "past it: refused" in ln for ln in lines)
+    rows = [json.loads(ln) for ln in run_cli([*args, "--json"], tmp_path).out.splitlines()]
+    assert {r["action"]: r["over"] for r in rows} == {"refund": "approve", "payout": "refuse"}
 
 
 def test_an_ambiguous_effect_resolved_failed_gives_its_amount_back(tmp_path: Path) -> None:
