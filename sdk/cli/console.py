@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     "--tls-key", metavar="FILE", help="The certificate's private key (default: in --tls-cert)."
 )
 @click.option(
+    "--public-url",
+    metavar="URL",
+    help="The address operators open when a TLS proxy is in front (https://console.example."
+    "com): forms from it are accepted, and the cookie is then Secure.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -58,6 +64,7 @@ def console(
     allow_remote: bool,
     tls_cert: str | None,
     tls_key: str | None,
+    public_url: str | None,
     log_format: str,
 ) -> None:
     """Serve the operator console: a web page over the ledger for the people who answer for
@@ -75,7 +82,8 @@ def console(
     settlement and freeze is recorded under the operator's name, as `--as NAME` would be.
     Sessions live in this process (restart it and everyone logs in again); every form
     carries a CSRF token. It listens on loopback; elsewhere only with --allow-remote, and
-    then over TLS (--tls-cert, or a TLS proxy in front).
+    then over TLS: --tls-cert, or a TLS proxy in front and --public-url naming the address
+    operators open through it (the browser's Origin, and the Host if the proxy passes it on).
 
     \b
     Example:
@@ -83,6 +91,8 @@ def console(
       export CTRLRUN_OPERATOR_ALICE=$(openssl rand -hex 24)
       ctrlrun console --policy ctrlrun.yaml --listen 127.0.0.1:9091
       # then open http://127.0.0.1:9091 and log in as alice with that token
+      # behind a TLS proxy that forwards https://console.example.com to 127.0.0.1:9091:
+      ctrlrun console --policy ctrlrun.yaml --public-url https://console.example.com
     """
     from ctrlrun import logsetup
     from ctrlrun.console import ConsoleSettings, build
@@ -96,6 +106,7 @@ def console(
         allow_remote=allow_remote,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        public_url=public_url,
     )
     _serve(build(settings))
 

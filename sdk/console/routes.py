@@ -70,10 +70,16 @@ class App:
     hosts: frozenset[str] | None  # the Host values it answers to (None: any, listening on *)
     secure: bool = False  # served over TLS: the cookie is Secure
     login_delay: float = 0.5  # seconds a wrong token waits, to slow guessing
+    public_origin: str | None = None  # --public-url: what browsers see through a TLS proxy
 
     @property
     def scheme(self) -> str:
         return "https" if self.secure else "http"
+
+    @property
+    def secure_cookie(self) -> bool:
+        """Whether browsers reach it over TLS (its own, or a proxy's in front)."""
+        return self.secure or (self.public_origin or "").startswith("https://")
 
 
 def redirect(to: str, **headers: str) -> Reply:
@@ -154,7 +160,7 @@ class Handler(BaseHTTPRequestHandler):
         return app.sessions.get(sid), sid is not None
 
     def _cookie(self, app: App, session: auth.Session) -> dict[str, str]:
-        return {"Set-Cookie": auth.cookie_header(session.sid, secure=app.secure)}
+        return {"Set-Cookie": auth.cookie_header(session.sid, secure=app.secure_cookie)}
 
     # -- GET -----------------------------------------------------------------------------------
 
@@ -249,14 +255,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._login_page(app, session, errors=["Log in first."], status=401)
         if path == "/logout":
             app.sessions.end(session.sid)
-            cleared = auth.cookie_header("", secure=app.secure, max_age=0)
+            cleared = auth.cookie_header("", secure=app.secure_cookie, max_age=0)
             return redirect("/login", **{"Set-Cookie": cleared})
         return self._act(app, session, path, form)
 
     def _origin_refusal(self, app: App) -> str | None:
         origin = self.headers.get("Origin")
         own = f"{app.scheme}://{self.headers.get('Host', '')}"
-        if origin is not None and origin not in ("null", own):
+        if origin is not None and origin not in ("null", own, app.public_origin):
             return f"a form from another site ({origin}) is not accepted here"
         site = self.headers.get("Sec-Fetch-Site")
         if site is not None and site not in ("same-origin", "none"):

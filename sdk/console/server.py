@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from ctrlrun.config import policy_path
 from ctrlrun.errors import InvalidArgument, PolicyError
@@ -42,6 +43,7 @@ class ConsoleSettings:
     login_delay: float = 0.5
     tls_cert: str | None = None  # PEM certificate chain: serve HTTPS (the cookie is Secure)
     tls_key: str | None = None  # its private key (default: in the certificate file)
+    public_url: str | None = None  # what operators open when a TLS proxy is in front
 
 
 class ConsoleServer(ThreadingHTTPServer):
@@ -82,6 +84,27 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InvalidArgument(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host, int(port)
+
+
+def parse_public_url(text: str) -> tuple[str, str]:
+    """``https://console.example.com[:PORT]`` -> (its origin, its ``Host`` value), lowercased."""
+    parts = urlsplit(text.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise InvalidArgument(
+            f"--public-url {text!r}: expected the address operators open, "
+            "e.g. https://console.example.com"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise InvalidArgument(
+            f"--public-url {text!r}: the console is served at / (no path, query or user)"
+        )
+    netloc = parts.netloc.lower()
+    host = netloc.removesuffix({"http": ":80", "https": ":443"}[parts.scheme])
+    return f"{parts.scheme}://{host}", host
 
 
 def is_loopback(host: str) -> bool:
@@ -132,6 +155,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
             "operators' tokens and session cookies: pass --allow-remote to listen there "
             "(and serve it with --tls-cert, or behind a TLS proxy)"
         )
+    public = None if settings.public_url is None else parse_public_url(settings.public_url)
     tokens, missing = load_tokens(settings.policy, environ)
     tls = _tls(settings)
     store = _ledger(settings)
@@ -141,6 +165,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         sessions=auth.Sessions(ttl=settings.session_ttl),
         hosts=None,
         login_delay=settings.login_delay,
+        public_origin=None if public is None else public[0],
     )
     try:
         server = ConsoleServer((host, port), app, tls)
@@ -148,6 +173,8 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         store.close()
         raise InvalidArgument(f"--listen {settings.listen}: {exc.strerror or exc}") from exc
     app.hosts = answers_to(host, int(server.server_address[1]))
+    if app.hosts is not None and public is not None:  # the Host a proxy passes on as sent
+        app.hosts |= {public[1]}
     for who in missing:  # only once it starts: a refusal above stays one line
         log.warning("console: operator %s has no token set and cannot log in", who)
     return server

@@ -11,11 +11,13 @@ import ssl
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 from console_support import (
+    ENV,
     POLICY,
     TOKENS,
     Ledger,
@@ -561,3 +563,42 @@ def test_garbage_on_the_socket_is_answered_and_the_console_goes_on(lg: Ledger) -
                     pass
         with client(server) as c:
             assert c.get("/login").status_code == 200
+
+
+def test_behind_a_tls_proxy_its_public_origin_is_accepted(lg: Ledger) -> None:
+    # What a browser sends through a TLS proxy that passes the Host on, or rewrites it. The
+    # cookie is Secure (the browser is on https), so it is handed back by hand here.
+    request_id = lg.ask_approval("pi_behind")
+    public = "https://console.example:8443"
+
+    def cookie_of(reply: httpx.Response) -> dict[str, str]:
+        set_cookie = reply.headers["set-cookie"]
+        assert "Secure" in set_cookie, set_cookie
+        return {"Cookie": set_cookie.split(";", 1)[0]}
+
+    with running(lg, public_url=public + "/") as server, client(server) as c:
+        passed_on = {"Host": "console.example:8443", "Origin": public}
+        for headers in ({"Origin": public}, passed_on):  # the Host rewritten, or as sent
+            form = c.get("/login", headers=headers)
+            creds = {"operator": "alice", "token": TOKENS["alice"], "csrf": csrf_of(form.text)}
+            c.cookies.clear()
+            done = c.post("/login", data=creds, headers={**headers, **cookie_of(form)})
+            assert done.status_code == 303, done.text
+        session = {**passed_on, **cookie_of(done)}
+        c.cookies.clear()
+        page = c.get("/approvals", headers=session)
+        answer = {"request_id": request_id, "decision": "approve", "csrf": csrf_of(page.text)}
+        evil = {**session, "Origin": "https://evil.example"}
+        assert c.post("/approvals/answer", data=answer, headers=evil).status_code == 403
+        assert c.post("/approvals/answer", data=answer, headers=session).status_code == 303
+        assert c.get("/", headers={"Host": "evil.example"}).status_code == 421
+    assert approval(lg, request_id)["status"] == "granted"
+
+
+@pytest.mark.parametrize(
+    "url", ["console.example", "ftp://console.example", "https://c.example/ops", "https://:1"]
+)
+def test_a_bad_public_url_is_one_line(lg: Ledger, url: str) -> None:
+    settings = ConsoleSettings(listen="127.0.0.1:0", store_url=lg.url, policy=str(lg.policy))
+    with pytest.raises(InvalidArgument, match="--public-url"):
+        build(replace(settings, public_url=url), ENV)
