@@ -18,7 +18,14 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # Headers (and a query parameter) that frameworks read as "use this method instead": a GET
 # carrying one may be a DELETE to the remote, so it is never a read.
-OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
+OVERRIDE_HEADERS = (
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    # IIS-era frameworks (Zend, Laminas, old Symfony) route by these instead of the path.
+    "x-original-url",
+    "x-rewrite-url",
+)
 
 
 def _spellings(name: str) -> list[str]:

@@ -80,7 +80,7 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
         # The remote may apply the override or the method: ctrlrun cannot know which.
         return Invalid(
             f"the request carries {override}: the remote may apply another method than "
-            f"{method}; send that method itself"
+            f"{method} (or another path); send that method itself"
         )
     upgrade = "upgrade" in request.headers
     if method not in WRITE_METHODS and not upgrade:

@@ -183,6 +183,9 @@ def test_a_path_a_server_may_read_as_a_route_is_not_an_unmapped_write(
         assert http.post(base + "/v1/invoices/in_1/send").status_code == 200
         again = http.post(base + "/v1/invoices/in_1;x/send")
         assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
+        # Frameworks that route by X-Original-URL would run the denied charge.
+        moved = http.post(base + "/v1/other", headers=[("X-Original-URL", "/v1/charges")])
+        assert moved.headers["x-ctrlrun-outcome"] == "invalid_request", moved.text
         # A truly unmapped write still goes, as the upstream allows.
         assert http.post(base + "/v1/other", content=b"a=1", headers=[FORM]).status_code == 200
     assert [path for _, path, _ in billing.received] == ["/v1/invoices/in_1/send", "/v1/other"]

@@ -168,7 +168,14 @@ def test_a_backslash_in_a_write_path_is_refused(path: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["X_HTTP_METHOD_OVERRIDE", "x-http_method-override", "X_Method_Override", "x_http_method"],
+    [
+        "X_HTTP_METHOD_OVERRIDE",
+        "x-http_method-override",
+        "X_Method_Override",
+        "x_http_method",
+        "X-Original-URL",
+        "X_Rewrite_Url",
+    ],
 )
 def test_an_override_header_spelt_with_underscores_is_an_override(name: str) -> None:
     # Rack and CGI read '_' and '-' alike: X_HTTP_METHOD_OVERRIDE is the override there.

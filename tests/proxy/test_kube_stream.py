@@ -216,6 +216,7 @@ def test_other_upgrades_to_kubernetes_are_refused(path: str) -> None:
         (b"GET", b"/", [(b"X-Method-Override", b"PUT")]),
         (b"GET", b"/", [(b"X_HTTP_METHOD_OVERRIDE", b"DELETE")]),
         (b"GET", b"/", [(b"x-http_method", b"DELETE")]),
+        (b"GET", b"/", [(b"X-Original-URL", b"/v1/refunds")]),
         (b"GET", b"/v1?_method=DELETE", []),
         (b"GET", b"/v1?%5Fmethod=DELETE", []),
         (b"GET", b"/v1?a=%20b", []),
