@@ -9,12 +9,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import tracing
+from . import budgets, ledger, tracing
 from .action import Action
 from .approvals import Approval
 from .budgets import BudgetCharge
 from .context import idempotency_token_for
+from .events import EventType
 from .receipts import Receipt, write_receipt
+from .states import EffectState
 from .timestamps import stamp
 
 
@@ -47,6 +49,13 @@ class Attempt:
     def token(self) -> str | None:
         held = self.held_key
         return None if held is None else idempotency_token_for(*held)
+
+
+_OUTCOME_EVENTS = {
+    "committed": EventType.EXECUTION_COMMITTED,
+    "failed": EventType.EXECUTION_FAILED,
+    "ambiguous": EventType.EXECUTION_AMBIGUOUS,
+}
 
 
 def attempt_receipt(
@@ -110,3 +119,48 @@ def describe(exc: BaseException) -> str:
     """``Type: message`` on one line, for records and logs."""
     message = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def record_outcome(
+    conn: Connection,
+    attempt: Attempt,
+    outcome: str,
+    error: str | None,
+    now: datetime,
+    *,
+    observe: bool,
+) -> tuple[Receipt, str]:
+    """Move the attempt's record to its outcome, with its event and receipt (in the caller's
+    transaction); returns the receipt and the outcome recorded. Runs again whole on a retried
+    transaction, so it changes nothing but the ledger."""
+    action, key = attempt.action, attempt.effect_key
+    if attempt.held and key is not None:
+        values: dict[str, Any] = {"updated_at": stamp(now), "lease_expires_at": None}
+        values["error"] = error
+        if outcome == "committed":
+            values["committed_at"] = stamp(now)
+        moved = ledger.move_effect(
+            conn,
+            key,
+            old=EffectState.EXECUTING,
+            new=EffectState(outcome),
+            action_id=action.action_id,
+            attempt=attempt.attempt,
+            values=values,
+        )
+        if not moved:
+            # Our lease ran out and a contender ambiguated the record: the outcome we saw
+            # cannot be written over it, so this attempt is recorded as ambiguous.
+            error = f"outcome {outcome} not recorded: the record moved while executing"
+            outcome = "ambiguous"
+    if outcome == "failed" and attempt.budget is not None:
+        budgets.refund(conn, attempt.budget)  # it did not happen: give its amount back
+    data = {"error": error} if outcome != "committed" else None
+    event = _OUTCOME_EVENTS[outcome]
+    pos = ledger.append_event(
+        conn, now, event, action_id=action.action_id, effect_key=key, data=data
+    )
+    observed = attempt.would_have is not None or observe
+    result = "observed" if observed else outcome
+    receipt = attempt_receipt(conn, attempt, result, outcome, now, error=error, event_pos=pos)
+    return receipt, outcome

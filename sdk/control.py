@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from . import budgets, ledger
 from .action import Action, Principal, new_id, parse_iso
 from .approvals import DEFAULT_TTL
-from .attempt import Attempt, attempt_receipt, decided, describe
+from .attempt import Attempt, attempt_receipt, decided, describe, record_outcome
 from .context import attempt_token
 from .errors import (
     ApprovalMismatch,
@@ -34,9 +34,7 @@ from .heartbeat import Heartbeat
 from .plan import Facts, Verdict
 from .receipts import Receipt
 from .reconcile import ReconcileHook, Reconciler
-from .states import EffectState
 from .templates import Template
-from .timestamps import stamp
 from .writer import Admitted, admit
 
 if TYPE_CHECKING:
@@ -165,55 +163,14 @@ class Control:
 
     def finish(self, attempt: Attempt, outcome: Outcome, *, error: str | None = None) -> Receipt:
         """Record the outcome of an attempt and write its receipt."""
-        now = self.clock()
+        now, observe = self.clock(), self.policy.mode == "observe"
+        receipt, recorded = self.store.write(
+            lambda conn: record_outcome(conn, attempt, outcome, error, now, observe=observe)
+        )
         action, key = attempt.action, attempt.effect_key
-        event = {
-            "committed": EventType.EXECUTION_COMMITTED,
-            "failed": EventType.EXECUTION_FAILED,
-            "ambiguous": EventType.EXECUTION_AMBIGUOUS,
-        }[outcome]
-        with self.store.transaction() as conn:
-            if attempt.held and key is not None:
-                values: dict[str, Any] = {
-                    "updated_at": stamp(now),
-                    "lease_expires_at": None,
-                    "error": error,
-                }
-                if outcome == "committed":
-                    values["committed_at"] = stamp(now)
-                moved = ledger.move_effect(
-                    conn,
-                    key,
-                    old=EffectState.EXECUTING,
-                    new=EffectState(outcome),
-                    action_id=action.action_id,
-                    attempt=attempt.attempt,
-                    values=values,
-                )
-                if not moved:
-                    # Our lease ran out and a contender ambiguated the record: the outcome we
-                    # saw cannot be written over it, so this attempt is recorded as ambiguous.
-                    error = f"outcome {outcome} not recorded: the record moved while executing"
-                    outcome, event = "ambiguous", EventType.EXECUTION_AMBIGUOUS
-            if outcome == "failed" and attempt.budget is not None:
-                budgets.refund(conn, attempt.budget)  # it did not happen: give its amount back
-            data = {"error": error} if outcome != "committed" else {}
-            pos = ledger.append_event(
-                conn, now, event, action_id=action.action_id, effect_key=key, data=data
-            )
-            observed = attempt.would_have is not None or self.policy.mode == "observe"
-            receipt = attempt_receipt(
-                conn,
-                attempt,
-                "observed" if observed else outcome,
-                outcome,
-                now,
-                error=error,
-                event_pos=pos,
-            )
-        extra = decided(attempt, outcome, None, receipt.receipt_id)
+        extra = decided(attempt, recorded, None, receipt.receipt_id)
         log.info(
-            "%s %s key=%s receipt=%s", action.name, outcome, key, receipt.receipt_id, extra=extra
+            "%s %s key=%s receipt=%s", action.name, recorded, key, receipt.receipt_id, extra=extra
         )
         return receipt
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -25,19 +24,33 @@ from . import identity as ident
 from .checkpoint import Checkpointer
 from .clocks import Clock, LedgerClock, Skew, utc_now
 from .config import clock_skew_bound, store_url
-from .driver_errors import map_driver_errors
+from .driver_errors import is_driver_error, map_driver_errors, one_line
 from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
 from .group_commit import GroupCommit
 from .identity import LedgerLost
+from .pg_pool import check_on_checkout
 from .pg_session import OPEN_TIMEOUT, options_string, session_options
+from .sqlite_session import begin_immediate, sqlite_connect
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEAD_REVISION = "0018"
 KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016", "0017", "0018")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
+
+
+class ConnectionLost(StoreError):
+    """The connection died before the transaction's COMMIT was sent: nothing was written."""
+
+
+def _broken(conn: Connection) -> bool:
+    if conn.invalidated:
+        return True
+    raw: Any = conn.connection.dbapi_connection
+    return bool(getattr(raw, "broken", False) or getattr(raw, "closed", False))
 
 
 class NoLedger(StoreError):
@@ -68,16 +81,37 @@ class StateStore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """One write transaction; on SQLite it holds the database write lock from the start."""
+        """One write transaction; on SQLite it holds the database write lock from the start.
+
+        A connection found dead before COMMIT was sent raises ``ConnectionLost``: the server
+        discards what a session wrote without committing it, so nothing was written.
+        """
         self._guard()
         with map_driver_errors(f"ledger at {self.location}"), self.engine.connect() as conn:
             self._begin(conn)
             try:
                 yield conn
-            except BaseException:
-                conn.rollback()
-                raise
+            except BaseException as exc:
+                if not is_driver_error(exc) or not _broken(conn):
+                    conn.rollback()
+                    raise
+                conn.invalidate()
+                raise ConnectionLost(
+                    f"ledger at {self.location}: the connection was lost before COMMIT "
+                    f"(nothing was written): {one_line(exc)}"
+                ) from exc
             conn.commit()
+
+    def write(self, body: Callable[[Connection], T]) -> T:
+        """``body`` in one write transaction, run once more on a fresh connection if the first
+        was found dead before its COMMIT (a server restart killed the pooled connection)."""
+        try:
+            with self.transaction() as conn:
+                return body(conn)
+        except ConnectionLost as exc:
+            log.info("%s; running the transaction again on a new connection", exc)
+        with self.transaction() as conn:
+            return body(conn)
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
@@ -194,10 +228,10 @@ class SQLiteStateStore(StateStore):
         elif not self.path.exists():
             raise NoLedger(f"no ctrlrun ledger at {self.path}")
         engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
-        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "connect", sqlite_connect)
         self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
-        self._writers = GroupCommit(engine.connect, _begin_immediate)
+        self._writers = GroupCommit(engine.connect, begin_immediate)
         super().__init__(engine, create=create or new)
         try:
             self._watch_files(new=new, mark=create or new)
@@ -245,40 +279,6 @@ class SQLiteStateStore(StateStore):
         super().close()
 
 
-def _begin_immediate(conn: Connection) -> None:
-    """``BEGIN IMMEDIATE`` sent by the driver, in a transaction SQLAlchemy knows of (its
-    ``begin()`` sends nothing on SQLite): ``exec_driver_sql`` cost ~20 µs of Python more."""
-    conn.begin()
-    try:
-        conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-    # The driver must not open transactions on its own: every transaction is ours, and
-    # decisions take the write lock at BEGIN (IMMEDIATE), not at their first write.
-    dbapi_conn.isolation_level = None
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=30000")
-    # Switching a fresh file to WAL needs a moment alone with it, and SQLite may refuse at once
-    # (no busy handler) while another process is doing the same: try again, briefly.
-    for attempt in range(100):
-        try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            break
-        except sqlite3.OperationalError:
-            if attempt == 99:
-                raise
-            time.sleep(0.05)
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA journal_size_limit=67108864")  # a reset WAL shrinks back to 64 MiB
-    # Checkpoints run in the background (see Checkpointer), not inside a decision's COMMIT.
-    cur.execute("PRAGMA wal_autocheckpoint=0")
-    cur.close()
-
-
 class PostgresStateStore(StateStore):
     """A ledger shared by many sidecars and hosts, on PostgreSQL through psycopg 3."""
 
@@ -298,14 +298,14 @@ class PostgresStateStore(StateStore):
         options = options_string(self.timeouts, given if isinstance(given, str) else None)
         engine = create_engine(
             parsed,
-            # A server restart leaves dead pooled connections; one round trip per checkout
-            # beats refusing (or, after forwarding, failing to record) the next request.
-            pool_pre_ping=True,
+            # A server restart leaves dead pooled connections: each checkout looks at its
+            # socket and pings only one the server spoke on or that idled (pg_pool.py).
             pool_recycle=300,
             pool_size=10,
             max_overflow=20,
             connect_args={"connect_timeout": 5, "options": options},
         )
+        check_on_checkout(engine)
         super().__init__(engine, create=create)
         try:
             self.clock = LedgerClock(self._database_now, bound=clock_skew_bound())

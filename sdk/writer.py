@@ -56,8 +56,7 @@ def admit(store: StateStore, facts: Facts) -> Admitted:
     """Plan ``facts`` and write the plan in one transaction; re-plan on a lost race."""
     for _ in range(MAX_TRIES):
         try:
-            with store.transaction() as conn:
-                return admit_on(conn, facts, store.freezes)
+            return store.write(lambda conn: admit_on(conn, facts, store.freezes))
         except LostRace:
             log.debug("lost a race on %s; planning again", facts.effect_key)
     raise AmbiguousEffect(facts.effect_key or "", "the effect record kept moving; try again later")

@@ -61,6 +61,7 @@ BUILD: dict[type[CTRLRunError], Callable[..., CTRLRunError]] = {
     SchemaMismatch: lambda **kw: SchemaMismatch("x", **kw),
     MissingDependency: lambda **kw: MissingDependency("psycopg", "postgres", **kw),
     ctrlrun.store.NoLedger: lambda **kw: ctrlrun.store.NoLedger("x", **kw),
+    ctrlrun.store.ConnectionLost: lambda **kw: ctrlrun.store.ConnectionLost("x", **kw),
     ctrlrun.identity.LedgerLost: lambda **kw: ctrlrun.identity.LedgerLost("x", **kw),
     ctrlrun.reconcile.NotAmbiguous: lambda **kw: ctrlrun.reconcile.NotAmbiguous("x", **kw),
 }
