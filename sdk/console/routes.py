@@ -15,6 +15,7 @@ CSRF token, which a page elsewhere cannot read.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import time
 import traceback
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # bytes of a form
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # all but tab and line ends
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "
@@ -240,6 +242,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._refused(refusal)
         if form is None:
             return self._refused("a form is expected (application/x-www-form-urlencoded)")
+        if any(CONTROL.search(value) for value in form.values()):
+            # No operator types one; PostgreSQL refuses NUL, which would read as a ledger down.
+            return self._refused("the form holds a control character", 400)
         session, _ = self._session(app)
         if session is None:
             if path == "/login":

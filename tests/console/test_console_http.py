@@ -602,3 +602,21 @@ def test_a_bad_public_url_is_one_line(lg: Ledger, url: str) -> None:
     settings = ConsoleSettings(listen="127.0.0.1:0", store_url=lg.url, policy=str(lg.policy))
     with pytest.raises(InvalidArgument, match="--public-url"):
         build(replace(settings, public_url=url), ENV)
+
+
+def test_a_control_character_in_a_form_is_a_bad_request_that_changes_nothing(lg: Ledger) -> None:
+    key = lg.make_ambiguous(7)
+    with running(lg) as server, client(server) as c:
+        csrf = login(c)
+        for path, data in [
+            ("/freeze", {"action": "", "reason": "refund loop\x00"}),
+            ("/ambiguous/settle", {"effect_key": key, "state": "failed", "note": "gone\x1b[2J"}),
+            ("/freeze", {"action": "stripe.refund\x07", "reason": "loop"}),
+        ]:
+            got = c.post(path, data={**data, "csrf": csrf})
+            assert got.status_code == 400, (path, got.text)
+            assert "control character" in got.text and "Nothing was changed" in got.text
+        said = {"effect_key": key, "state": "committed", "note": "re_1 found\r\n\tin the log"}
+        assert c.post("/ambiguous/settle", data={**said, "csrf": csrf}).status_code == 303
+    assert freezes_and_receipts(lg)[0] == []
+    assert effect_state(lg, key) == "committed"
