@@ -79,7 +79,14 @@ def _answer(request_id: str, grant: bool, as_name: str | None, store_url: str | 
 def approve(request_id: str, as_name: str | None, store_url: str | None) -> None:
     """Grant a pending approval request (single use, for exactly that action).
 
-    Example: ctrlrun approve apr_0123456789abcdef0123456789abcdef
+    Where the action says `approvals_required: N`, it is granted once N different operators
+    have approved it; until then each approval is counted and the request stays pending
+    (`ctrlrun approvals` shows who approved). The same operator counts once.
+
+    \b
+    Examples:
+      ctrlrun approve apr_0123456789abcdef0123456789abcdef
+      ctrlrun approve apr_0123456789abcdef0123456789abcdef --as alice   # 1 of 2 approvals
     """
     _answer(request_id, True, as_name, store_url)
 
@@ -91,6 +98,8 @@ def approve(request_id: str, as_name: str | None, store_url: str | None) -> None
 @errors
 def deny(request_id: str, as_name: str | None, store_url: str | None) -> None:
     """Deny a pending approval request; presenting it later is recorded as denied.
+
+    One deny denies, even of a request that some operators of a quorum already approved.
 
     Example: ctrlrun deny apr_0123456789abcdef0123456789abcdef
     """

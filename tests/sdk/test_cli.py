@@ -88,6 +88,22 @@ def test_help_exits_zero(command: list[str]) -> None:
         assert "Example" in result.output
 
 
+@pytest.mark.parametrize(
+    ("command", "teaches"),
+    [
+        (["approve"], ["approvals_required", "different operators", "--as alice"]),
+        (["deny"], ["One deny denies"]),
+        (["console"], ["--public-url", "operators:"]),
+        (["budgets"], ["past the limit"]),
+        (["resolve"], ["--note"]),
+    ],
+)
+def test_help_of_what_changed_teaches_it(command: list[str], teaches: list[str]) -> None:
+    shown = " ".join(CliRunner().invoke(main, [*command, "--help"]).output.split())
+    for part in teaches:
+        assert part in shown, shown
+
+
 def test_kernel_commands_exist() -> None:
     assert set(KERNEL_COMMANDS) <= set(main.commands)
 
