@@ -4,7 +4,7 @@ a ``CTRLRunError`` whose message the page shows instead."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ctrlrun import freeze as switch
@@ -61,14 +61,31 @@ def settle(store: StateStore, effect_key: str, state: str, note: str, *, operato
     return f"{effect_key} settled {state} by {operator}{then}"
 
 
-def freeze(store: StateStore, action: str, reason: str, *, operator: str) -> str:
-    """Freeze one action, or every action when ``action`` is empty (``ctrlrun freeze``)."""
+def freeze(
+    store: StateStore,
+    action: str,
+    reason: str,
+    *,
+    operator: str,
+    known: Collection[str] | None = None,
+) -> str:
+    """Freeze one action, or every action when ``action`` is empty (``ctrlrun freeze``).
+
+    ``known``: the console's policy's actions. A name outside them is frozen all the same
+    (sidecars and SDK processes on the ledger may run other policies), and the sentence says
+    so: a typo in a kill switch must not read as done."""
     scope = action.strip() or switch.ALL
     if len(reason) > REASON_MAX:
         raise InvalidArgument(f"the reason is too long (at most {REASON_MAX} characters)")
     with store.transaction() as conn:
         row, receipt = switch.freeze(conn, scope, reason=reason, by=operator, now=store.clock())
-    return f"frozen: {row.message} (receipt {receipt.receipt_id})"
+    said = f"frozen: {row.message} (receipt {receipt.receipt_id})"
+    if known is not None and scope != switch.ALL and scope not in known:
+        said += (
+            f". Note: the console's policy has no action {scope!r}; if that is a typo, "
+            "nothing is frozen: unfreeze it and freeze the right name"
+        )
+    return said
 
 
 def unfreeze(store: StateStore, scope: str, *, operator: str) -> str:

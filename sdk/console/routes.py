@@ -73,6 +73,7 @@ class App:
     secure: bool = False  # served over TLS: the cookie is Secure
     login_delay: float = 0.5  # seconds a wrong token waits, to slow guessing
     public_origin: str | None = None  # --public-url: what browsers see through a TLS proxy
+    actions: frozenset[str] | None = None  # the policy's action names (a freeze's typo)
 
     @property
     def scheme(self) -> str:
@@ -343,7 +344,6 @@ class Handler(BaseHTTPRequestHandler):
             key, state = form.get("effect_key", ""), form.get("state", "")
             return acts.settle(app.store, key, state, form.get("note", ""), operator=who)
         if path == "/freeze":
-            return acts.freeze(
-                app.store, form.get("action", ""), form.get("reason", ""), operator=who
-            )
+            action, reason = form.get("action", ""), form.get("reason", "")
+            return acts.freeze(app.store, action, reason, operator=who, known=app.actions)
         return acts.unfreeze(app.store, form.get("scope", ""), operator=who)

@@ -127,11 +127,11 @@ def answers_to(host: str, port: int) -> frozenset[str] | None:
 
 
 def load_tokens(
-    policy_file: str | None, environ: Mapping[str, str] | None
+    policy: Policy, environ: Mapping[str, str] | None
 ) -> tuple[dict[str, str], list[str]]:
     """The operators' tokens and those with none set, or a one-line refusal saying what to add."""
-    path = policy_path(policy_file)
-    operators = Policy.from_file(path).section(OPERATORS)
+    path = policy.source
+    operators = policy.section(OPERATORS)
     if not operators:
         raise PolicyError(
             f"{path}: the console needs operators: add an `operators:` section "
@@ -156,7 +156,8 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
             "(and serve it with --tls-cert, or behind a TLS proxy)"
         )
     public = None if settings.public_url is None else parse_public_url(settings.public_url)
-    tokens, missing = load_tokens(settings.policy, environ)
+    policy = Policy.from_file(policy_path(settings.policy))
+    tokens, missing = load_tokens(policy, environ)
     tls = _tls(settings)
     store = _ledger(settings)
     app = App(
@@ -166,6 +167,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         hosts=None,
         login_delay=settings.login_delay,
         public_origin=None if public is None else public[0],
+        actions=frozenset(policy.actions),
     )
     try:
         server = ConsoleServer((host, port), app, tls)

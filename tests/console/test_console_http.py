@@ -620,3 +620,16 @@ def test_a_control_character_in_a_form_is_a_bad_request_that_changes_nothing(lg:
         assert c.post("/ambiguous/settle", data={**said, "csrf": csrf}).status_code == 303
     assert freezes_and_receipts(lg)[0] == []
     assert effect_state(lg, key) == "committed"
+
+
+def test_a_freeze_of_a_name_the_policy_lacks_says_it_may_be_a_typo(lg: Ledger) -> None:
+    with running(lg) as server, client(server) as c:
+        csrf = login(c)
+        for action, typo in [("stripe.refnud", True), ("stripe.refund", False), ("", False)]:
+            done = c.post("/freeze", data={"csrf": csrf, "action": action, "reason": "loop"})
+            assert done.status_code == 303
+            page = c.get("/freeze").text
+            warned = "if that is a typo, nothing is frozen" in page
+            assert warned is typo, (action, page)
+    frozen, _ = freezes_and_receipts(lg)  # frozen all the same: another policy may have it
+    assert sorted(f.scope for f in frozen) == ["*", "stripe.refnud", "stripe.refund"]  # type: ignore[attr-defined]
