@@ -37,6 +37,22 @@ def freeze(action: str | None, reason: str, as_name: str | None, store_url: str 
             conn, action or switch.ALL, reason=reason, by=who, now=store.clock()
         )
     click.echo(f"frozen: {row.message}  (receipt {receipt.receipt_id})")
+    if action and action not in _policy_actions(action):
+        click.echo(
+            f"note: the policy has no action {action!r}; if that is a typo, nothing is frozen: "
+            f"ctrlrun unfreeze --action {action}, then freeze the right name",
+            err=True,
+        )
+
+
+def _policy_actions(action: str) -> frozenset[str]:
+    """The actions of the policy here ($CTRLRUN_CONFIG or ./ctrlrun.yaml); with none here,
+    ``{action}`` (nothing to compare with: other processes may run other policies)."""
+    from ctrlrun.config import policy_path
+    from ctrlrun.policy import Policy
+
+    path = policy_path(None)
+    return frozenset(Policy.from_file(path).actions) if path.is_file() else frozenset({action})
 
 
 @click.command()

@@ -377,3 +377,19 @@ def test_resolve_keeps_the_operators_note_and_receipts_show_it(tmp_path: Path) -
     shown = run_cli(["receipts", "--store-url", url], tmp_path)
     assert '"no re_ at Stripe"' in shown.out, shown.out
     store.close()
+
+
+def test_freeze_of_a_name_the_policy_lacks_says_it_may_be_a_typo(tmp_path: Path) -> None:
+    (tmp_path / "ctrlrun.yaml").write_text(
+        "schema: ctrlrun.policy/v2\nactions:\n  stripe.refund: {decision: allow}\n",
+        encoding="utf-8",
+    )
+    SQLiteStateStore(tmp_path / ".ctrlrun" / "state.db").close()
+    base = ["freeze", "--reason", "loop", "--as", "alice"]
+    typo = run_cli([*base, "--action", "stripe.refnud"], tmp_path)
+    assert typo.code == 0 and typo.out.startswith("frozen: stripe.refnud is frozen by alice")
+    assert "if that is a typo, nothing is frozen" in typo.err
+    assert "ctrlrun unfreeze --action stripe.refnud" in typo.err
+    for right in (["--action", "stripe.refund"], []):
+        ran = run_cli([*base, *right], tmp_path)
+        assert ran.code == 0 and ran.err == "", ran.err
