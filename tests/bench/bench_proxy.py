@@ -337,7 +337,8 @@ def profile(
     }
     others = [v for tid, v in us.items() if tid != proxy.pid and v > 0]
     out: dict[str, Any] = {
-        "load": "protected writes" if target.kind == "write" else "pass-through reads",
+        "load": {"write": "protected writes", "read": "pass-through reads"}[target.kind]
+        + (" on PostgreSQL" if target.name == "pg_write" else ""),
         "requests": res.requests,
         "req_per_s": res.rate,
         "cpu_us_per_req": {
@@ -556,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="profile it under pass-through reads instead (with --profile)",
     )
+    add(
+        "--profile-pg",
+        action="store_true",
+        help="profile the PostgreSQL one under writes instead (with --profile --postgres)",
+    )
     add("--profile-seconds", type=float, default=10.0, help="(default 10)")
     add("--top", type=int, default=25, help="profile rows per table (default 25)")
     add("--keep", action="store_true", help="keep the work directory (logs, ledger)")
@@ -567,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("counts must be positive")
     if args.sustain is not None and not 0 < args.sustain <= MAX_SUSTAIN_SECONDS:
         ap.error(f"--sustain takes 0 < S <= {MAX_SUSTAIN_SECONDS:.0f} seconds")
+    if args.profile_pg and args.postgres is None:
+        ap.error("--profile-pg needs --postgres")
     if args.sustain_requests < 1:
         ap.error("--sustain-requests must be positive")
     if args.postgres is not None:
@@ -644,8 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         if "sustain" in out:
             report_sustain(out["sustain"], args.sustain, say)
         if args.profile:
-            kind = "read" if args.profile_reads else "write"
-            out["profile"] = profile(by_name[f"ctrlrun_{kind}"], requests, args, workdir)
+            name = "ctrlrun_read" if args.profile_reads else "ctrlrun_write"
+            if args.profile_pg:
+                name = "pg_write"
+            out["profile"] = profile(by_name[name], requests, args, workdir)
             report_profile(out["profile"], say)
     except KeyboardInterrupt:
         print("\nbench_proxy: interrupted; stopping the child processes", file=sys.stderr)
