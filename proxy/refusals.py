@@ -48,7 +48,7 @@ from ctrlrun.errors import (
 )
 from ctrlrun.identity import LedgerLost
 from ctrlrun.reconcile import NotAmbiguous
-from ctrlrun.store import NoLedger
+from ctrlrun.store import ConnectionLost, NoLedger
 
 from .answers import Answer, answer
 
@@ -114,6 +114,7 @@ REFUSALS: dict[type[BaseException], Row] = {
     SchemaMismatch: _fixed("unavailable", "store_unavailable"),
     NoLedger: _fixed("unavailable", "store_unavailable"),
     LedgerLost: _fixed("unavailable", "store_unavailable"),
+    ConnectionLost: _fixed("unavailable", "store_unavailable"),
     # Never raised on the protected path: if one is, it is a bug, and the request is refused.
     NotAmbiguous: _fixed("unavailable", "internal_error"),
     PolicyError: _fixed("unavailable", "internal_error"),

@@ -36,7 +36,7 @@ from ctrlrun.identity import LedgerLost
 from ctrlrun.proxy.answers import PROFILES, STATUSES
 from ctrlrun.proxy.refusals import REFUSALS, refusal_for
 from ctrlrun.reconcile import NotAmbiguous
-from ctrlrun.store import NoLedger
+from ctrlrun.store import ConnectionLost, NoLedger
 
 
 def all_subclasses(cls: type[BaseException]) -> set[type[BaseException]]:
@@ -70,6 +70,7 @@ EXPECTED: list[tuple[CTRLRunError, str, str, str | None]] = [
     (SchemaMismatch("newer"), "unavailable", "store_unavailable", None),
     (NoLedger("none here"), "unavailable", "store_unavailable", None),
     (LedgerLost("deleted"), "unavailable", "store_unavailable", None),
+    (ConnectionLost("reset"), "unavailable", "store_unavailable", None),
     (NotAmbiguous("k is committed"), "unavailable", "internal_error", None),
     (PolicyError("bad"), "unavailable", "internal_error", None),
     (NotExecuted("nothing"), "unavailable", "internal_error", None),
