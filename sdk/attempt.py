@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import budgets, ledger, tracing
+from . import budgets, ledger, pg_hot, tracing
 from .action import Action
 from .approvals import Approval
 from .budgets import BudgetCharge
@@ -68,6 +68,7 @@ def attempt_receipt(
     error: str | None = None,
     approval_id: str | None = None,
     event_pos: int | None = None,
+    chain: tuple[int, str] | None = None,
 ) -> Receipt:
     """Write the receipt of ``attempt`` (in the caller's transaction)."""
     action = attempt.action
@@ -97,7 +98,7 @@ def attempt_receipt(
     if result == "observed":
         fields["execution"] = execution
         fields["would_have"] = None if attempt.would_have is None else dict(attempt.would_have)
-    return write_receipt(conn, fields, event_pos=event_pos)
+    return write_receipt(conn, fields, event_pos=event_pos, chain=chain)
 
 
 def decided(
@@ -134,11 +135,16 @@ def record_outcome(
     transaction); returns the receipt and the outcome recorded. Runs again whole on a retried
     transaction, so it changes nothing but the ledger."""
     action, key = attempt.action, attempt.effect_key
+    observed = attempt.would_have is not None or observe
     if attempt.held and key is not None:
         values: dict[str, Any] = {"updated_at": stamp(now), "lease_expires_at": None}
         values["error"] = error
         if outcome == "committed":
             values["committed_at"] = stamp(now)
+        if conn.dialect.name == "postgresql" and (outcome != "failed" or attempt.budget is None):
+            done = _in_one_trip(conn, attempt, outcome, error, now, values, observed)
+            if done is not None:  # the usual case
+                return done, outcome
         moved = ledger.move_effect(
             conn,
             key,
@@ -160,7 +166,32 @@ def record_outcome(
     pos = ledger.append_event(
         conn, now, event, action_id=action.action_id, effect_key=key, data=data
     )
-    observed = attempt.would_have is not None or observe
     result = "observed" if observed else outcome
     receipt = attempt_receipt(conn, attempt, result, outcome, now, error=error, event_pos=pos)
     return receipt, outcome
+
+
+def _in_one_trip(
+    conn: Connection,
+    attempt: Attempt,
+    outcome: str,
+    error: str | None,
+    now: datetime,
+    values: dict[str, Any],
+    observed: bool,
+) -> Receipt | None:
+    """PostgreSQL: the move, its event and the chain's next number in one statement, then
+    the receipt and the head in another; None when the record had moved (nothing written)."""
+    action, key = attempt.action, attempt.effect_key
+    assert key is not None
+    data = {"error": error} if outcome != "committed" else None
+    row = ledger.event_row(now, _OUTCOME_EVENTS[outcome], action.action_id, key, None, data)
+    move = (EffectState.EXECUTING, EffectState(outcome), action.action_id, attempt.attempt)
+    done = pg_hot.move_with_event(conn, key, move, values, row)
+    if done is None:
+        return None
+    seq, prev, pos = done
+    result = "observed" if observed else outcome
+    return attempt_receipt(
+        conn, attempt, result, outcome, now, error=error, event_pos=pos, chain=(seq, prev)
+    )

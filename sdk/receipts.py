@@ -40,14 +40,19 @@ def receipt_hash(document: Mapping[str, Any]) -> str:
 
 
 def write_receipt(
-    conn: Connection, fields: Mapping[str, Any], *, event_pos: int | None = None
+    conn: Connection,
+    fields: Mapping[str, Any],
+    *,
+    event_pos: int | None = None,
+    chain: tuple[int, str] | None = None,
 ) -> Receipt:
     """Append a receipt to the chain inside the caller's transaction.
 
     ``fields`` holds everything but ``schema``, ``receipt_id``, ``seq`` and ``prev_hash``;
-    ``event_pos`` is the id of the event written just before it (looked up when not given).
+    ``event_pos`` is the id of the event written just before it (looked up when not given);
+    ``chain``: (seq, previous hash) when this transaction advanced the chain already.
     """
-    seq, prev = advance_chain(conn)
+    seq, prev = chain or advance_chain(conn)
     doc = {"schema": RECEIPT_SCHEMA, "receipt_id": new_id("ctr"), **fields}
     doc["seq"] = seq
     doc["prev_hash"] = prev

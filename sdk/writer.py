@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy import Connection
 
-from . import budgets, ledger
+from . import budgets, ledger, pg_hot
 from .action import iso
 from .admission import attempt_of, plan_admission, wants_approval_row, wants_standing_approval
 from .attempt import Attempt, attempt_receipt
@@ -82,9 +83,13 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
             facts = replace(facts, approval_id=row["approval_id"], approval=row)
     plan = plan_admission(facts)
     writes = plan.writes
+    logged = False  # the plan's events are written already
     if writes and isinstance(writes[0], InsertEffect):
-        if ledger.insert_effect(conn, writes[0].values):
+        if _insert(conn, writes[0], facts, plan):
             writes = writes[1:]
+            logged = (
+                conn.dialect.name == "postgresql" and plan.receipt is None and bool(plan.events)
+            )
         else:
             assert facts.effect_key is not None
             record = ledger.get_effect(conn, facts.effect_key)
@@ -100,7 +105,22 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
     if charge is not None and plan.held and facts.effect_key is not None:
         # Remembered with the attempt: a record resolved failed later gives it back then.
         budgets.record_charge(conn, charge, facts.effect_key, facts.action.action_id, plan.attempt)
-    return _record(conn, facts, plan)
+    return _record(conn, facts, plan, logged=logged)
+
+
+def _insert(conn: Connection, write: InsertEffect, facts: Facts, plan: Plan) -> bool:
+    """Take the key. On PostgreSQL a plan without a receipt also appends its events in the
+    same statement (one round trip), only if the key was free."""
+    if conn.dialect.name == "postgresql" and plan.receipt is None and plan.events:
+        return pg_hot.insert_effect_with_events(conn, write.values, _rows(facts, plan))
+    return ledger.insert_effect(conn, write.values)
+
+
+def _rows(facts: Facts, plan: Plan) -> list[dict[str, Any]]:
+    return [
+        ledger.event_row(facts.now, e.type, e.action_id, e.effect_key, e.approval_id, e.data)
+        for e in plan.events
+    ]
 
 
 def _write(conn: Connection, write: Write) -> bool:
@@ -126,17 +146,16 @@ def _write(conn: Connection, write: Write) -> bool:
     return ledger.insert_effect(conn, write.values)
 
 
-def _record(conn: Connection, facts: Facts, plan: Plan) -> Admitted:
-    """Append the plan's events (one statement) and its receipt, if it writes one."""
+def _record(conn: Connection, facts: Facts, plan: Plan, *, logged: bool = False) -> Admitted:
+    """Append the plan's events (one statement, unless ``logged``: written with the key) and
+    its receipt, if it writes one."""
     attempt = attempt_of(facts, plan)
-    rows = [
-        ledger.event_row(facts.now, e.type, e.action_id, e.effect_key, e.approval_id, e.data)
-        for e in plan.events
-    ]
     spec = plan.receipt
     if spec is None:
-        ledger.append_events(conn, rows)
+        if not logged:
+            ledger.append_events(conn, _rows(facts, plan))
         return Admitted(plan, attempt)
+    rows = _rows(facts, plan)
     position = ledger.append_events(conn, rows, returning=True)
     receipt = attempt_receipt(
         conn,

@@ -1,0 +1,76 @@
+"""PostgreSQL: a decision's statements combined, so each transaction is few round trips.
+
+On SQLite a statement costs no round trip and these stay apart (``ledger.py``). On
+PostgreSQL each statement waits for the server: taking a key and appending its events, or
+moving a record to its outcome with its event and the receipt chain's next number, are one
+data-modifying ``WITH`` each, whose later parts write only if the first one did (so a key
+that was taken, or a record that moved, leaves nothing written and the caller goes the
+statement-by-statement way).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .ledger import _EVENT_COLUMNS, _events_sql, _insert_effect_sql, _move_effect_sql, _run
+from .states import EffectState, check_transition
+
+
+def insert_effect_with_events(
+    conn: Connection, values: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> bool:
+    """PostgreSQL, one round trip: ``insert_effect``, and only if the key was free, ``rows``
+    (``event_row``s, at least one) appended. False: the key was taken, nothing written."""
+    check_transition(EffectState.NEW, EffectState(values["state"]))
+    columns = tuple(sorted(values))
+    params = {f"v_{c}": values[c] for c in columns}
+    params.update({f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS})
+    return int(_run(conn, _reserve_sql(columns, len(rows)), params).rowcount) > 0
+
+
+@functools.cache
+def _reserve_sql(columns: tuple[str, ...], n: int) -> str:
+    insert = _insert_effect_sql(columns).replace("(:", "(:v_").replace(", :", ", :v_")
+    names = ", ".join(_EVENT_COLUMNS)
+    values = _events_sql(n, False).split(" VALUES ", 1)[1]
+    return (
+        f"WITH ins AS ({insert} RETURNING 1) INSERT INTO events ({names}) "
+        f"SELECT * FROM (VALUES {values}) AS v({names}) WHERE EXISTS (SELECT 1 FROM ins)"
+    )
+
+
+def move_with_event(
+    conn: Connection,
+    key: str,
+    move: tuple[EffectState, EffectState, str, int],
+    values: Mapping[str, Any],
+    event: Mapping[str, Any],
+) -> tuple[int, str, int] | None:
+    """PostgreSQL, one round trip: the compare-and-set ``move`` (old, new, action_id,
+    attempt), and only if it moved, ``event`` (an ``event_row``) appended and the receipt
+    chain advanced. Returns (seq, previous hash, event id), or None when nothing moved."""
+    old, new, action_id, attempt = move
+    check_transition(old, new)
+    params = {**values, "state": new.value}
+    sql = _move_with_event_sql(tuple(sorted(params)))
+    params.update(k_key=key, k_old=old.value, k_action_id=action_id, k_attempt=attempt)
+    params.update({f"e_{c}": event[c] for c in _EVENT_COLUMNS})
+    found = _run(conn, sql, params).fetchone()
+    return None if found is None else (int(found[0]), str(found[1]), int(found[2]))
+
+
+@functools.cache
+def _move_with_event_sql(columns: tuple[str, ...]) -> str:
+    moved = "EXISTS (SELECT 1 FROM moved)"
+    values = ", ".join(f":e_{c}" for c in _EVENT_COLUMNS)
+    return (
+        f"WITH moved AS ({_move_effect_sql(columns)} RETURNING 1), "
+        f"ev AS (INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) SELECT {values} "
+        f"WHERE {moved} RETURNING event_id) "
+        f"UPDATE receipt_chain SET seq = seq + 1 WHERE id = 1 AND {moved} "
+        "RETURNING seq, hash, (SELECT event_id FROM ev)"
+    )
