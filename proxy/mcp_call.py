@@ -40,6 +40,7 @@ from .guard import Guard
 from .mcp_config import McpTool
 from .mcp_messages import NOT_RUN_CODES, ToolCall, read_answer, response_for
 from .mcp_tools import map_call
+from .numbers import as_numbers
 from .prepare import CREDENTIAL_HEADERS, Prepared
 from .refusals import Refusal, refusal_for
 from .route_values import BadInput, Request
@@ -179,6 +180,11 @@ class CallGuard:
                 "the policy decides refunds on their amount: name the amount"
             )
             return Refusal("invalid_request", "amount_required", reason, action=action.name)
+        numbers = as_numbers(ctl.policy, action.name, action.arguments)
+        if isinstance(numbers, Refusal):
+            return numbers
+        if numbers != action.arguments:  # text spelling an integer, read as that integer
+            action = build_action(ctl.policy, action.name, numbers, principal, ctl.environment)
         template = tool.effect or ctl.policy.effect_template(action.name)
         key = None
         if template is not None:

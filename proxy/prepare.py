@@ -18,6 +18,7 @@ from ctrlrun.policy import Policy
 
 from .config import Upstream
 from .forward import forward_headers
+from .numbers import as_numbers
 from .refusals import Refusal, refusal_for
 from .routes import Invalid, Mapped, Request, Unmapped
 
@@ -83,8 +84,11 @@ def prepare(
     environment: str,
 ) -> Prepared | Unresolvable | Refusal:
     """The action, its effect key and the request facts the kernel and reconciler need."""
+    arguments = as_numbers(policy, mapped.action, mapped.arguments)
+    if isinstance(arguments, Refusal):
+        return arguments
     try:
-        action = build_action(policy, mapped.action, mapped.arguments, principal, environment)
+        action = build_action(policy, mapped.action, arguments, principal, environment)
     except InvalidArgument as exc:
         return refusal_for(exc, action=mapped.action)
     key: str | None = None
