@@ -232,11 +232,20 @@ def _schema(doc: YamlMap, root: Where) -> str:
 def _check_quorums(
     doc: YamlMap, root: Where, actions: Mapping[str, ActionPolicy], operators: Mapping[str, Any]
 ) -> None:
-    """A quorum larger than the operators the policy names could never be reached."""
+    """A quorum needs operators with names, at least as many as it counts."""
     for name, entry in actions.items():
-        if operators and entry.approvals_required > len(operators):
-            at = root.key(doc, "actions").key(doc["actions"], name)
-            raise at.key(doc["actions"][name], "approvals_required").error(
+        if entry.approvals_required <= 1:
+            continue
+        at = root.key(doc, "actions").key(doc["actions"], name)
+        where = at.key(doc["actions"][name], "approvals_required")
+        if not operators:
+            raise where.error(
+                f"a quorum of {entry.approvals_required} needs an operators: section naming "
+                "them: without it any --as name counts, so one person could approve "
+                f"{entry.approvals_required} times"
+            )
+        if entry.approvals_required > len(operators):
+            raise where.error(
                 f"{entry.approvals_required} approvals can never be given: operators: names "
                 f"only {len(operators)}"
             )

@@ -14,17 +14,20 @@ from stripe_support import ctrlrun_block, receipts_for, refund, refused, stripe_
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
-OVER_APPROVE = POLICY.replace(
-    """    rules:
+OVER_APPROVE = (
+    POLICY.replace(
+        """    rules:
       - when: {{amount_lte: 100000}}
         decision: allow
       - decision: approve
 """,
-    """    decision: allow
+        """    decision: allow
     approvals_required: 2
     budget: {{sum: amount, max: 1000, per: 1d, by: everyone, over: approve}}
 """,
-    1,
+        1,
+    )
+    + "operators:\n  alice: {{token_env: OPERATOR_ALICE}}\n  bob: {{token_env: OPERATOR_BOB}}\n"
 )
 
 

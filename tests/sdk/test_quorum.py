@@ -35,6 +35,10 @@ actions:
     approvals_required: 2
   note:
     decision: approve
+operators:
+  alice: {token_env: OPERATOR_ALICE}
+  bob: {token_env: OPERATOR_BOB}
+  carol: {token_env: OPERATOR_CAROL}
 """
 
 
@@ -213,6 +217,14 @@ def test_a_quorum_larger_than_the_operators_is_refused() -> None:
     with pytest.raises(PolicyError, match=r"<string>:5: .*3 approvals can never be given"):
         Policy.from_yaml(text)
     assert Policy.from_yaml(text.replace("required: 3", "required: 2")).actions["wire"]
+
+
+def test_a_quorum_without_operators_is_refused() -> None:
+    # Without operators: any --as name counts, and one person could approve twice.
+    text = "schema: ctrlrun.policy/v2\nactions:\n  wire:\n    decision: approve\n"
+    with pytest.raises(PolicyError, match=r"<string>:5: .*needs an operators: section"):
+        Policy.from_yaml(text + "    approvals_required: 2\n")
+    assert Policy.from_yaml(text + "    approvals_required: 1\n").actions["wire"]
 
 
 def test_quorum_needs_schema_v2() -> None:
