@@ -163,6 +163,10 @@ class StateStore:
             conn.begin()
 
     def _open(self, create: bool) -> str | None:
+        if self.dialect == "sqlite":
+            current = self._read_current()
+            if current is not None:
+                return current[0]
         with map_driver_errors(f"cannot open the ledger at {self.location}"):  # noqa: SIM117
             with self.engine.connect() as conn:
                 self._begin(conn)
@@ -192,6 +196,19 @@ class StateStore:
                 found = ident.read_identity(conn)
                 conn.commit()
                 return found
+
+    def _read_current(self) -> tuple[str | None] | None:
+        """A current SQLite ledger's identity, read without the write lock (a reader opening
+        it must not wait behind the writers); None when it may need creating or migrating."""
+        with map_driver_errors(f"cannot open the ledger at {self.location}"):  # noqa: SIM117
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("BEGIN")
+                try:
+                    if _current_revision(conn) != HEAD_REVISION:
+                        return None
+                    return (ident.read_identity(conn),)
+                finally:
+                    conn.rollback()
 
 
 def _current_revision(conn: Connection) -> str | None:
