@@ -221,6 +221,8 @@ def _deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
 
 def _request(f: Facts, head: tuple[NewEvent, ...], past: str | None) -> Plan:
     a, request_id = f.action, f.request_id
+    if f.pending_request is not None:  # asked again while pending: the same request
+        return Plan(Verdict.NEEDS_APPROVAL, head, refusal=_asked(f, f.pending_request))
     if request_id is None:
         raise ValueError("an approval request needs Facts.request_id")
     expires = iso(f.now + f.approval_ttl)
@@ -240,14 +242,15 @@ def _request(f: Facts, head: tuple[NewEvent, ...], past: str | None) -> Plan:
     if past is not None:
         data["budget"] = past
     requested = NewEvent(E.APPROVAL_REQUESTED, a.action_id, None, request_id, data)
-    refusal = Refusal(
-        "approval_required",
-        "approval_required",
-        action_id=a.action_id,
-        request_id=request_id,
-        resend=f.resend,
-    )
+    refusal = _asked(f, request_id)
     return Plan(Verdict.NEEDS_APPROVAL, (*head, requested), (InsertApproval(row),), refusal=refusal)
+
+
+def _asked(f: Facts, request_id: str) -> Refusal:
+    return Refusal(
+        "approval_required", "approval_required", action_id=f.action.action_id,
+        request_id=request_id, resend=f.resend,
+    )  # fmt: skip
 
 
 def _present(f: Facts, head: tuple[NewEvent, ...], approval_id: str) -> Plan:

@@ -314,6 +314,22 @@ def granted_approval(conn: Connection, action_hash: str, now: str) -> Mapping[st
     return None if row is None else dict(row._mapping)
 
 
+def pending_request(conn: Connection, action_hash: str, now: str) -> str | None:
+    """The oldest pending, unexpired request for ``action_hash`` (``now`` in ISO form)."""
+    stmt = (
+        select(approvals.c.approval_id)
+        .where(
+            approvals.c.status == "pending",
+            approvals.c.action_hash == action_hash,
+            approvals.c.expires_at > now,
+        )
+        .order_by(approvals.c.created_at, approvals.c.approval_id)
+        .limit(1)
+    )
+    found = conn.execute(stmt).scalar()
+    return None if found is None else str(found)
+
+
 def insert_approval(conn: Connection, values: Mapping[str, Any]) -> None:
     conn.execute(insert(approvals).values(**values))
 

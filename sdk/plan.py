@@ -54,6 +54,8 @@ class Facts:
     may_reconcile: bool = False  # a hook is given and has not been asked for this attempt
     announced: bool = False  # ACTION_PROPOSED and POLICY_EVALUATED are written already
     request_id: str | None = None  # the id a new approval request gets
+    # A pending request for this very action (the identical request re-sent): asked again.
+    pending_request: str | None = None
     approval_ttl: timedelta = DEFAULT_TTL
     idempotency_key: str | None = None  # stored with the attempt (what the proxy forwarded)
     upstream: str | None = None

@@ -81,6 +81,9 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
         row = ledger.granted_approval(conn, facts.action.hash, iso(facts.now))
         if row is not None:  # the identical action, approved: consumed as if presented
             facts = replace(facts, approval_id=row["approval_id"], approval=row)
+        else:  # still waiting for its answer: the same request, not one more for operators
+            pending = ledger.pending_request(conn, facts.action.hash, iso(facts.now))
+            facts = replace(facts, pending_request=pending)
     plan = plan_admission(facts)
     writes = plan.writes
     logged = False  # the plan's events are written already
