@@ -80,8 +80,7 @@ class GroupCommit:
                 self._queued -= 1
         try:
             group = self._join()
-            first = group.size == 1
-            savepoint = None if first else group.conn.begin_nested()
+            savepoint = None if group.size == 1 else self._savepoint(group)
             self._inside.body = True
             try:
                 yield group.conn
@@ -115,7 +114,11 @@ class GroupCommit:
     def _undo(self, group: _Group, savepoint: NestedTransaction | None) -> None:
         group.size -= 1
         if savepoint is not None:
-            savepoint.rollback()
+            try:
+                savepoint.rollback()
+            except BaseException as exc:
+                self._fail(group, exc)
+                raise
             if self._queued == 0 and group.size > 0:
                 self._commit(group)  # the others' bodies are done: commit them now
             return
@@ -130,6 +133,22 @@ class GroupCommit:
             self._conn = group.conn
         finally:
             group.done.set()
+
+    def _savepoint(self, group: _Group) -> NestedTransaction:
+        try:
+            return group.conn.begin_nested()
+        except BaseException as exc:
+            group.size -= 1
+            self._fail(group, exc)
+            raise
+
+    def _fail(self, group: _Group, exc: BaseException) -> None:
+        """The group's connection broke mid-group: nothing of it is kept, every caller fails,
+        and the next transaction starts a new group on a new connection."""
+        self._group = None
+        group.error = exc
+        self._discard(group.conn)
+        group.done.set()
 
     def _commit(self, group: _Group) -> None:
         self._group = None

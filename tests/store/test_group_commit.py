@@ -195,3 +195,24 @@ def test_the_ledger_commits_concurrent_decisions_together(tmp_path: Path) -> Non
         t.join(60)
     store.close()
     assert 0 < len(commits) < 160
+
+
+def test_a_connection_broken_mid_group_fails_its_group_and_the_next_starts_afresh(
+    engine: Engine,
+) -> None:
+    def breaks(conn: Connection) -> None:
+        _insert("parent", 2)(conn)
+        conn.connection.dbapi_connection.close()  # type: ignore[union-attr]
+        raise ValueError("the connection broke")
+
+    gc = GroupCommit(engine.connect, _begin)
+    g = Group(gc)
+    g.first(_insert("parent", 1))
+    g.call("broken", breaks)
+    g.queue(1)
+    g.release()
+    assert isinstance(g.results["first"], Exception)  # its body was in the broken group
+    assert isinstance(g.results["broken"], Exception)
+    with gc.transaction() as conn:  # a new group, on a new connection
+        _insert("parent", 3)(conn)
+    assert _rows(engine, "parent") == [3]
