@@ -303,13 +303,17 @@ async def _sweep_forever(sidecar: Sidecar) -> None:
 async def _expire_forever(sidecar: Sidecar) -> None:
     """Record unanswered approval requests as expired once their time is up (webhooks and
     the queue learn of it then, not when somebody next looks)."""
+    failing = False  # a ledger outage is said once, not every round
     while True:
         await asyncio.sleep(EXPIRE_INTERVAL)
         try:
             for approval_id in await asyncio.to_thread(expire_due, sidecar.store):
                 log.info("approval request %s expired unanswered", approval_id)
-        except Exception as exc:  # a ledger outage: the next round tries again
-            log.warning("expiring approval requests failed: %s", exc)
+            failing = False
+        except Exception as exc:  # the next round tries again
+            if not failing:
+                log.warning("expiring approval requests failed: %s", exc)
+            failing = True
 
 
 class _Announce:
