@@ -34,26 +34,15 @@ async def traced(
         return got
 
 
-def refused_fields(refusal: Refusal, control: Callable[[], Any]) -> dict[str, Any]:
-    """``extra=`` for the guard's refusal line (the kernel logs its own decisions)."""
+def decided_fields(decided: Refusal | Handled, control: Callable[[], Any]) -> dict[str, Any]:
+    """``extra=`` for the line of a decision the proxy took itself, a refusal or a request it
+    handled (the kernel logs its own decisions)."""
     return tracing.decision(
-        action=refusal.action,
-        effect_key=refusal.effect_key,
-        outcome=refusal.outcome,
-        reason=refusal.reason,
-        receipt_id=refusal.receipt_id,
-        policy_hash=policy_hash(control),
-    )
-
-
-def handled_fields(handled: Handled, control: Callable[[], Any]) -> dict[str, Any]:
-    """``extra=`` for the line of a decision the proxy took itself (no kernel line says it)."""
-    return tracing.decision(
-        action=handled.action,
-        effect_key=handled.effect_key,
-        outcome=handled.outcome,
-        reason=handled.reason,
-        receipt_id=handled.receipt_id,
+        action=decided.action,
+        effect_key=decided.effect_key,
+        outcome=decided.outcome,
+        reason=decided.reason,
+        receipt_id=decided.receipt_id,
         policy_hash=policy_hash(control),
     )
 

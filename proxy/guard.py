@@ -32,7 +32,7 @@ from . import kube_gate, queue_cap, receipted, relay, replay, settle, stripe_pay
 from .classify import classify
 from .coalesce import Coalescer
 from .config import Upstream
-from .decision_log import refused_fields, traced
+from .decision_log import decided_fields, traced
 from .forward import Forwarded, Forwarder, forward_headers
 from .handled import Handled
 from .ledger_health import LedgerHealth
@@ -200,7 +200,7 @@ class Guard:
                 request.path,
                 refusal.outcome,
                 refusal.reason,
-                extra=refused_fields(refusal, self.control),
+                extra=decided_fields(refusal, self.control),
             )
         return Handled(
             refusal.answer(up.profile),

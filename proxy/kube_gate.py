@@ -18,7 +18,7 @@ from ctrlrun.action import Principal
 
 from . import kube_result, relay
 from .config import Upstream
-from .decision_log import handled_fields
+from .decision_log import decided_fields
 from .handled import Handled
 from .refusals import Refusal
 from .route_values import KubeWrite, Mapped, Request
@@ -31,9 +31,7 @@ log = logging.getLogger(__name__)
 
 def action_of(write: KubeWrite) -> str:
     """The action a workload write is, before the dry run says which of its kind's."""
-    if write.scale:
-        return "k8s.scale"
-    return f"k8s.update_{write.arguments.get('workload', 'deployment/').split('/', 1)[0]}"
+    return "k8s.scale" if write.scale else kube_result.update_action(write)
 
 
 async def protected(
@@ -56,7 +54,7 @@ async def protected(
             request.path,
             got.outcome,
             got.reason,
-            extra=handled_fields(handled, guard.control),
+            extra=decided_fields(handled, guard.control),
         )
         return handled
     if isinstance(got, Refusal):  # a decision too: it leaves a receipt, as a screen refusal does

@@ -141,8 +141,12 @@ def decide(
         check_arguments(arguments)
     except Exception as exc:  # BadInput: a name with a control character
         return _invalid(getattr(exc, "reason", "unreadable object"))
-    kind = write.arguments.get("workload", "deployment/").split("/", 1)[0]
-    return Mapped(f"k8s.update_{kind}", arguments)
+    return Mapped(update_action(write), arguments)
+
+
+def update_action(write: KubeWrite) -> str:
+    """The action of an update of a workload of ``write``'s kind (``k8s.update_deployment``)."""
+    return f"k8s.update_{write.arguments.get('workload', 'deployment/').split('/', 1)[0]}"
 
 
 def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -34,7 +34,7 @@ from ctrlrun.receipts import Receipt
 from . import replay, settle, stripe_payments
 from .classify import classify
 from .config import Upstream
-from .decision_log import call_settled, refused_fields, traceparent
+from .decision_log import call_settled, decided_fields, traceparent
 from .forward import Forwarded, forward_headers
 from .guard import Guard
 from .mcp_config import McpTool
@@ -152,7 +152,7 @@ class CallGuard:
             call.name,
             refusal.outcome,
             refusal.reason,
-            extra=refused_fields(refusal, self.guard.control),
+            extra=decided_fields(refusal, self.guard.control),
         )
         return Settled(_decision(call, refusal.outcome, refusal), refusal=refusal)
 

@@ -300,34 +300,28 @@ def approval_row(conn: Connection, approval_id: str) -> Mapping[str, Any] | None
 
 def granted_approval(conn: Connection, action_hash: str, now: str) -> Mapping[str, Any] | None:
     """The oldest granted, unexpired approval for ``action_hash`` (``now`` in ISO form)."""
-    stmt = (
-        select(approvals)
-        .where(
-            approvals.c.status == "granted",
-            approvals.c.action_hash == action_hash,
-            approvals.c.expires_at > now,
-        )
-        .order_by(approvals.c.granted_at, approvals.c.approval_id)
-        .limit(1)
-    )
-    row = conn.execute(stmt).first()
+    row = _oldest_approval(conn, "granted", action_hash, now, approvals.c.granted_at)
     return None if row is None else dict(row._mapping)
 
 
 def pending_request(conn: Connection, action_hash: str, now: str) -> str | None:
     """The oldest pending, unexpired request for ``action_hash`` (``now`` in ISO form)."""
+    row = _oldest_approval(conn, "pending", action_hash, now, approvals.c.created_at)
+    return None if row is None else str(row.approval_id)
+
+
+def _oldest_approval(conn: Connection, status: str, action_hash: str, now: str, since: Any) -> Any:
     stmt = (
-        select(approvals.c.approval_id)
+        select(approvals)
         .where(
-            approvals.c.status == "pending",
+            approvals.c.status == status,
             approvals.c.action_hash == action_hash,
             approvals.c.expires_at > now,
         )
-        .order_by(approvals.c.created_at, approvals.c.approval_id)
+        .order_by(since, approvals.c.approval_id)
         .limit(1)
     )
-    found = conn.execute(stmt).scalar()
-    return None if found is None else str(found)
+    return conn.execute(stmt).first()
 
 
 def insert_approval(conn: Connection, values: Mapping[str, Any]) -> None:

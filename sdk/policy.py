@@ -205,8 +205,8 @@ class Policy:
     def may_ask(self, name: str, decision: Decision) -> bool:
         """Whether a call decided ``decision`` may need an approval request (its id is made
         before the transaction): ``approve``, or a budget that asks past its limit."""
-        budget = self.budget(name)
-        over = budget is not None and budget.over == "approve"
+        entry = self.actions.get(name)
+        over = entry is not None and entry.asks_past_budget
         return decision is Decision.APPROVE or (over and decision is Decision.ALLOW)
 
     def approval_by_header_only(self, name: str) -> bool:

@@ -109,8 +109,12 @@ class ActionPolicy:
         decisions = (
             [self.decision] if self.decision is not None else [r.decision for r in self.rules]
         )
-        over = self.budget is not None and self.budget.over == "approve"
-        return Decision.APPROVE in decisions or over
+        return Decision.APPROVE in decisions or self.asks_past_budget
+
+    @property
+    def asks_past_budget(self) -> bool:
+        """Whether past its budget's limit the action asks a human (``over: approve``)."""
+        return self.budget is not None and self.budget.over == "approve"
 
 
 def check_versions(entry: YamlMap, where: Where, since: Mapping[str, str], schema: str) -> None:

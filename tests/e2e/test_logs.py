@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest
 from harness import KUBE_TOKEN, start_sidecar
+from otel_support import memory_exporter
 from stripe_support import receipts_for
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -60,26 +59,6 @@ def test_json_logs_one_object_per_line_with_each_decision(
     assert refused and all(d["trace_id"] == TRACE_ID for d in refused)
     assert all(d["effect_key"] == "scale:prod-eu:checkout:4" for d in refused)
     assert all(d["receipt_id"] and d["reason"] == "committed" for d in refused)
-
-
-def memory_exporter() -> Any:
-    """The in-memory exporter on this process's tracer provider (set up once: OTel allows one)."""
-    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="otel extra not installed")
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, sdk_trace.TracerProvider):
-        provider = sdk_trace.TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = getattr(provider, "ctrlrun_test_exporter", None)
-    if exporter is None:
-        exporter = InMemorySpanExporter()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        provider.ctrlrun_test_exporter = exporter  # type: ignore[attr-defined]
-    exporter.clear()
-    return exporter
 
 
 def test_each_protected_request_is_a_span_under_the_agents_traceparent(
