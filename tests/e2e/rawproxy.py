@@ -157,3 +157,40 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+class ByteRecorder:
+    """A TCP server on loopback that keeps every byte it is sent; with ``answer``, it answers
+    each request head it sees with a 200 (else nothing)."""
+
+    def __init__(self, *, answer: bool = False) -> None:
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        seen = 0
+        with conn:
+            try:
+                while data := conn.recv(65536):
+                    self.received += data
+                    if self.answer:
+                        heads = bytes(self.received).count(b"\r\n\r\n")
+                        conn.sendall(OK_HEAD * (heads - seen))
+                        seen = heads
+            except OSError:
+                pass

@@ -11,13 +11,13 @@ one; they are pinned here too.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import Sidecar, start_sidecar
+from rawproxy import ByteRecorder
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
@@ -36,43 +36,11 @@ upstreams:
     routes:
       - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
 """
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-class Upstream:
-    """A TCP server on loopback that keeps every byte and answers each head it sees, 200."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.received = bytearray()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
-        seen = 0
-        with conn:
-            try:
-                while data := conn.recv(65536):
-                    self.received += data
-                    heads = bytes(self.received).count(b"\r\n\r\n")
-                    conn.sendall(OK * (heads - seen))
-                    seen = heads
-            except OSError:
-                pass
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Upstream]]:
-    upstream = Upstream()
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    upstream = ByteRecorder(answer=True)
     with FakeStripe() as stripe, FakeKubernetes() as kube:
         policy = POLICY.replace("PORT", str(upstream.port))
         sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
@@ -128,7 +96,7 @@ def attacks(port: int) -> dict[str, bytes]:
     ["get-body", "get-chunked-body", "options-body", "get-obs-fold", "get-underscore-override"],
 )
 def test_a_read_carrying_more_than_a_read_is_refused_unforwarded(
-    rig: tuple[Sidecar, Upstream], name: str
+    rig: tuple[Sidecar, ByteRecorder], name: str
 ) -> None:
     sc, upstream = rig
     got = exchange(sc, attacks(upstream.port)[name])
@@ -142,7 +110,7 @@ def test_a_read_carrying_more_than_a_read_is_refused_unforwarded(
 
 
 def test_a_write_with_a_folded_header_is_refused_unforwarded(
-    rig: tuple[Sidecar, Upstream],
+    rig: tuple[Sidecar, ByteRecorder],
 ) -> None:
     sc, upstream = rig
     data = head(upstream.port, b"POST /v1/other", b"X-A: a", b" b", b"Content-Length: 0")
@@ -162,7 +130,7 @@ def test_a_write_with_a_folded_header_is_refused_unforwarded(
     ],
 )
 def test_conflicting_framing_is_refused_by_the_proxy(
-    rig: tuple[Sidecar, Upstream], headers: tuple[bytes, ...]
+    rig: tuple[Sidecar, ByteRecorder], headers: tuple[bytes, ...]
 ) -> None:
     sc, upstream = rig
     got = exchange(sc, head(upstream.port, b"GET /v1/x", *headers) + b"0\r\n\r\n")
@@ -170,7 +138,7 @@ def test_conflicting_framing_is_refused_by_the_proxy(
     assert bytes(upstream.received) == b""
 
 
-def test_a_write_pipelined_after_a_read_is_guarded(rig: tuple[Sidecar, Upstream]) -> None:
+def test_a_write_pipelined_after_a_read_is_guarded(rig: tuple[Sidecar, ByteRecorder]) -> None:
     sc, upstream = rig
     write = head(upstream.port, b"POST /v1/invoices/in_1/send", b"Content-Length: 0")
     got = exchange(sc, head(upstream.port, b"GET /v1/x") + write)

@@ -7,43 +7,15 @@ the request is refused as malformed, and the upstream receives nothing unguarded
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from harness import Sidecar, start_sidecar
+from rawproxy import ByteRecorder
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
-
-
-class Recorder:
-    """A TCP server on loopback that keeps every byte it is sent and answers nothing."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.received = bytearray()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
-        with conn:
-            try:
-                while data := conn.recv(4096):
-                    self.received += data
-            except OSError:
-                pass
-
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -60,8 +32,8 @@ upstreams:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Recorder]]:
-    recorder = Recorder()
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    recorder = ByteRecorder()
     with FakeStripe() as stripe, FakeKubernetes() as kube:
         sc = start_sidecar(
             tmp_path,
@@ -86,7 +58,7 @@ REQUEST = b"POST /v1/invoices/in_1/send HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConten
     ids=["crlf", "2crlf", "space", "nul", "lf"],
 )
 def test_non_http_looking_bytes_to_an_upstream_are_not_relayed_raw(
-    rig: tuple[Sidecar, Recorder], prefix: bytes
+    rig: tuple[Sidecar, ByteRecorder], prefix: bytes
 ) -> None:
     sc, recorder = rig
     proxy = urlsplit(sc.proxy_url)
