@@ -76,11 +76,18 @@ def idempotency_token() -> str:
     return idempotency_token_for(*held)
 
 
-@contextmanager
-def attempt_token(held: tuple[str, int] | None) -> Iterator[None]:
-    """Make ``idempotency_token()`` answer for this attempt inside the block."""
-    reset = _token.set(held)
-    try:
-        yield
-    finally:
-        _token.reset(reset)
+class attempt_token:
+    """Make ``idempotency_token()`` answer for this attempt inside the block.
+
+    A class, not a ``@contextmanager``: it is entered on every protected call."""
+
+    __slots__ = ("held", "reset")
+
+    def __init__(self, held: tuple[str, int] | None) -> None:
+        self.held = held
+
+    def __enter__(self) -> None:
+        self.reset = _token.set(self.held)
+
+    def __exit__(self, *exc: object) -> None:
+        _token.reset(self.reset)

@@ -17,8 +17,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -45,6 +45,21 @@ class _Held:
     due: float  # monotonic time of the next renewal
 
 
+class _Holding:
+    """``Heartbeat.holding`` for a held attempt (a class: it is entered on every call)."""
+
+    __slots__ = ("attempt", "heartbeat", "ident", "lease")
+
+    def __init__(self, heartbeat: Heartbeat, attempt: Attempt, lease: timedelta) -> None:
+        self.heartbeat, self.attempt, self.lease = heartbeat, attempt, lease
+
+    def __enter__(self) -> None:
+        self.ident = self.heartbeat.hold(self.attempt, self.lease)
+
+    def __exit__(self, *exc: object) -> None:
+        self.heartbeat.release(self.ident)
+
+
 class Heartbeat:
     """Renews the leases of the calls running under one ledger (see the module docstring)."""
 
@@ -62,12 +77,15 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._waking_at = 0.0  # monotonic time the thread wakes by itself, while it waits
 
-    @contextmanager
-    def holding(self, attempt: Attempt, lease: timedelta) -> Iterator[None]:
+    def holding(self, attempt: Attempt, lease: timedelta) -> AbstractContextManager[None]:
         """Renew ``attempt``'s lease until the block ends (nothing for an unheld attempt)."""
         if attempt.held_key is None:
-            yield
-            return
+            return nullcontext()
+        return _Holding(self, attempt, lease)
+
+    def hold(self, attempt: Attempt, lease: timedelta) -> int:
+        """Start renewing ``attempt``'s lease; returns the id to ``release`` it by."""
+        assert attempt.held_key is not None
         key, number = attempt.held_key
         third = lease.total_seconds() / 3
         entry = _Held(key, attempt.action.action_id, number, lease, self.monotonic() + third)
@@ -81,11 +99,12 @@ class Heartbeat:
                 self._thread.start()
             elif entry.due < self._waking_at:
                 self._wake.notify()  # due before the thread would look: wake it now
-        try:
-            yield
-        finally:
-            with self._wake:
-                self._held.pop(ident, None)
+        return ident
+
+    def release(self, ident: int) -> None:
+        """Stop renewing the lease ``hold`` returned ``ident`` for."""
+        with self._wake:
+            self._held.pop(ident, None)
 
     def _run(self) -> None:
         while True:

@@ -75,8 +75,9 @@ def protect(
                     "nameable in policy"
                 )
         spec = _Spec(
-            name, signature, effect_tpl, resource_tpl, reconcile, reconcile_eagerly, lease, wait
-        )
+            name, _Binder(signature), effect_tpl, resource_tpl, reconcile, reconcile_eagerly,
+            lease, wait,
+        )  # fmt: skip
         if inspect.iscoroutinefunction(fn):
             return cast(F, _async_wrapper(fn, spec, control))
         return cast(F, _sync_wrapper(fn, spec, control))
@@ -106,7 +107,7 @@ def _async_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None)
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         with tracing.protected(spec.name):
-            call = _Call(spec, control, args, kwargs)
+            call = _Call(spec, control, args, kwargs, threading.Event())
             attempt = await _admit(call)
             pos, kw = call.arguments()
             try:
@@ -126,7 +127,7 @@ class _Spec:
     """One decorated function's protection, fixed at decoration time."""
 
     name: str
-    signature: inspect.Signature
+    binder: _Binder
     effect: Template | None
     resource: Template | None
     reconcile: ReconcileHook | None
@@ -179,10 +180,15 @@ class _Call:
     """One call of a protected function: prepared and admitted, then settled."""
 
     def __init__(
-        self, spec: _Spec, control: Control | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        spec: _Spec,
+        control: Control | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stop: threading.Event | None = None,
     ) -> None:
         self.spec, self.control, self.args, self.kwargs = spec, control, args, kwargs
-        self.stop = threading.Event()  # set when an async caller is cancelled
+        self.stop = stop  # an async call's: set when its caller is cancelled
         self.ctl: Control
         self.action: Action
 
@@ -197,12 +203,9 @@ class _Call:
                 f"{spec.name} denied: no principal; call it inside ctrlrun.context(agent=...)",
             )
         self.ctl = ctl = self.control or process_control()
-        bound = spec.signature.bind(*self.args, **self.kwargs)
-        bound.apply_defaults()
+        arguments = spec.binder.bind(self.args, self.kwargs)
         spec.check_resource(ctl)
-        self.action = action = ctl.action(
-            spec.name, bound.arguments, principal, resource=spec.resource
-        )
+        self.action = action = ctl.action(spec.name, arguments, principal, resource=spec.resource)
         key = spec.effect_key(ctl, action)
         lease, hook = spec.lease, spec.reconcile
         try:
@@ -217,14 +220,13 @@ class _Call:
 
     def arguments(self) -> tuple[list[Any], dict[str, Any]]:
         """What the function is called with: fresh canonical copies, never the caller's."""
-        values = self.action.canonical_arguments
-        positional, keyword = [], {}
-        for pname, param in self.spec.signature.parameters.items():
-            if param.kind is param.POSITIONAL_ONLY:
-                positional.append(values[pname])
-            else:
-                keyword[pname] = values[pname]
-        return positional, keyword
+        values = self.action.arguments
+        if not all(type(v) in _IMMUTABLE for v in values.values()):
+            values = self.action.canonical_arguments  # a str, int, bool or None is its own copy
+        only = self.spec.binder.positional_only
+        if not only:
+            return [], dict(values)
+        return [values[n] for n in only], {n: v for n, v in values.items() if n not in only}
 
     def settle(self, attempt: Attempt, error: BaseException | None) -> None:
         self.ctl.settle(
@@ -279,6 +281,44 @@ async def _wait_out(
             if stop is not None:
                 stop.set()  # a thread waiting for a human stops at its next poll
     return cancelled
+
+
+_IMMUTABLE = (str, int, bool, type(None))
+_BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+class _Binder:
+    """A function's parameters, read once at decoration: maps a call's arguments to their
+    names as ``Signature.bind`` and ``apply_defaults`` do (in parameter order), without their
+    cost. Anything it does not map plainly goes to ``Signature.bind``, so a call that does not
+    fit the signature raises the same ``TypeError``."""
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        params = list(signature.parameters.values())
+        self.signature = signature
+        self.names = tuple(p.name for p in params)
+        self.by_position = tuple(p.name for p in params if p.kind in _BY_POSITION)
+        self.by_name = frozenset(p.name for p in params if p.kind in _BY_NAME)
+        self.defaults = tuple((p.name, p.default) for p in params if p.default is not p.empty)
+        only = inspect.Parameter.POSITIONAL_ONLY
+        self.positional_only = tuple(p.name for p in params if p.kind is only)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        names = self.names
+        if len(args) <= len(self.by_position):
+            bound = dict(zip(self.by_position, args, strict=False))
+            if not kwargs and len(bound) == len(names):
+                return bound  # every argument by position: already in parameter order
+            if all(k in self.by_name and k not in bound for k in kwargs):
+                bound.update(kwargs)
+                for name, default in self.defaults:
+                    bound.setdefault(name, default)
+                if len(bound) == len(names):
+                    return {n: bound[n] for n in names}
+        full = self.signature.bind(*args, **kwargs)  # raises the TypeError of a wrong call
+        full.apply_defaults()
+        return dict(full.arguments)
 
 
 def _template(text: str | None, what: str) -> Template | None:

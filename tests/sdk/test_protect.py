@@ -309,3 +309,69 @@ def test_each_warning_is_said_once_per_function(
     assert caplog.text.count("overrides policy effect") == 1
     assert caplog.text.count("overrides policy resource") == 1
     assert caplog.text.count("reconcile hook given but the action has no effect key") == 1
+
+
+def _shapes(a: int, /, b: str, c: int = 3, *, d: bool = False, e: str = "e") -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((1, "b"), {}),
+        ((1, "b", 4), {}),
+        ((1,), {"b": "b"}),
+        ((1,), {"e": "x", "b": "b", "d": True}),
+        ((1, "b"), {"c": 5}),
+        # calls that do not fit: the same TypeError as Signature.bind's
+        ((), {}),
+        ((1,), {}),
+        ((1, "b", 4, 5), {}),
+        ((1, "b"), {"b": "again"}),
+        ((1, "b"), {"a": 1}),
+        ((1, "b"), {"zz": 1}),
+    ],
+)
+def test_arguments_are_named_as_signature_bind_names_them(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    import inspect
+
+    from ctrlrun.protect import _Binder
+
+    signature = inspect.signature(_shapes)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        with pytest.raises(TypeError, match=str(exc)):
+            _Binder(signature).bind(args, kwargs)
+        return
+    bound.apply_defaults()
+    got = _Binder(signature).bind(args, kwargs)
+    assert list(got.items()) == list(bound.arguments.items())  # the same names, in order
+
+
+def test_a_call_that_does_not_fit_raises_type_error_and_records_nothing(
+    control: Control, store: SQLiteStateStore
+) -> None:
+    @protect("refund", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        pytest.fail("ran with arguments that do not fit")
+
+    with context("bot"), pytest.raises(TypeError):
+        refund("p1", 100, 7)  # type: ignore[call-arg]
+    assert receipts(store) == [] and events(store) == []
+
+
+def test_scalar_arguments_are_passed_as_given_and_others_as_copies(
+    control: Control, store: SQLiteStateStore
+) -> None:
+    seen: list[Any] = []
+
+    @protect("note", control=control)
+    def note(text: str, /, count: int, flag: bool, nothing: None, items: list[int]) -> None:
+        seen.extend([text, count, flag, nothing, items])
+
+    items = [1, 2]
+    with context("bot"):
+        note("hi", 2, flag=True, nothing=None, items=items)
+    assert seen == ["hi", 2, True, None, [1, 2]] and seen[4] is not items

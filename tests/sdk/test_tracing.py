@@ -140,3 +140,20 @@ def test_async_protect_call_is_a_span_too(control: Control, store: SQLiteStateSt
     (span,) = exporter.get_finished_spans()
     assert span.name == "refund" and span.attributes["ctrlrun.outcome"] == "committed"
     assert receipts(store)[-1]["trace_id"] == format(span.context.trace_id, "032x")
+
+
+def test_without_a_tracer_provider_no_span_is_made_and_the_trace_id_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trace = pytest.importorskip("opentelemetry.trace")
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    with tracing.protected("x", traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01") as traced:
+        assert traced.span is None and tracing.trace_id() == TRACE_ID
+    with tracing.protected("x") as traced:
+        assert traced.span is None and tracing.trace_id() is None
+    # A caller's span context (an instrumented server's, with no provider either) is kept.
+    other = "0af7651916cd43dd8448eb211c80319c"
+    ctx = trace.SpanContext(int(other, 16), 0x00F067AA0BA902B7, is_remote=True)
+    with trace.use_span(trace.NonRecordingSpan(ctx)), tracing.protected("x") as traced:
+        assert traced.span is None and tracing.trace_id() == other
+    assert tracing.trace_id() is None
