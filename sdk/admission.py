@@ -5,8 +5,9 @@ the action and its effect key, the key's record, the presented approval's row, t
 the window, the mode, the lease and whether a reconcile hook may still be asked go in as
 one frozen ``Facts``; one frozen ``Plan`` comes out, naming the verdict, the compare-and-set
 writes, the events and the receipt that record it, and the refusal to raise once they are
-committed (those values live in ``plan.py``). ``writer.admit`` gathers the facts and
-applies the plan in one transaction.
+committed (those values live in ``plan.py``; the gates before the record, in
+``admission_gates.py``). ``writer.admit`` gathers the facts and applies the plan in one
+transaction.
 
 Verdicts (observe mode never refuses, but for a freeze: it plans ``RESERVE`` or ``RUN`` with
 ``would_have``)::
@@ -52,10 +53,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import admission_gates as gates
 from .action import iso
+from .admission_gates import past_limit
 from .approvals import Approval, check_consumable
 from .attempt import Attempt
-from .budgets import BudgetCharge
 from .events import EventType as E
 from .plan import (
     ConsumeBudget,
@@ -73,6 +75,7 @@ from .plan import (
 )
 from .policy import Decision
 from .states import LEASE_EXPIRED, EffectState, Refuse, Reserve, plan_reservation
+from .timestamps import stamp
 
 
 @dataclass(frozen=True)
@@ -88,21 +91,21 @@ def plan_admission(f: Facts) -> Plan:
     """What this attempt gets. Pure: the same facts always give the same plan."""
     head = () if f.announced else _announce(f)
     if f.frozen is not None:  # the kill switch holds in observe mode too
-        return _frozen(f, head, f.frozen)
+        return gates.frozen(f, head, f.frozen)
     decision, reason = f.evaluation.decision, f.evaluation.reason
     if f.mode == "observe":
         if decision is Decision.ALLOW:
             return _place(f, head, None, None)
         blocked = "approval_required" if decision is Decision.APPROVE else reason
-        return _place(f, head, None, _would_have(f, blocked))
+        return _place(f, head, None, gates.would_have(f, blocked))
     if decision is Decision.DENY:
-        return _deny(f, head)
+        return gates.deny(f, head)
     past = past_limit(f)  # over: approve, and past the limit: a human decides
     if decision is Decision.ALLOW and past is None:
         return _place(f, head, None, None)
-    over = _budget(f, approved=True)
+    over = gates.budget_write(f, approved=True)
     if isinstance(over, str):  # no human is asked for what the budget refuses anyway
-        return _over_budget(f, head, over)
+        return gates.over_budget(f, head, over)
     if f.approval_id is None:
         return _request(f, head, past)
     return _present(f, head, f.approval_id)
@@ -123,14 +126,6 @@ def _asks(f: Facts) -> bool:
     if f.mode != "enforce":
         return False
     return f.evaluation.decision is Decision.APPROVE or past_limit(f) is not None
-
-
-def past_limit(f: Facts) -> str | None:
-    """Why a human is asked: the budget says ``over: approve`` and this attempt is past it."""
-    b = f.budget
-    if b is None or b.over != "approve" or b.charge is None or (b.spent or 0) + b.charge <= b.max:
-        return None
-    return f"{b.action}: past its budget ({b.rule}): {b.left()} left, this asks {b.charge}"
 
 
 def attempt_of(f: Facts, plan: Plan) -> Attempt:
@@ -161,61 +156,6 @@ def _announce(f: Facts) -> tuple[NewEvent, ...]:
             key,
             data={"decision": ev.decision.value, "reason": ev.reason},
         ),
-    )
-
-
-def _would_have(f: Facts, blocked: str) -> dict[str, str]:
-    ev = f.evaluation
-    return {"decision": ev.decision.value, "reason": ev.reason, "blocked_reason": blocked}
-
-
-def _frozen(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
-    a = f.action
-    data = {"reason": "frozen", "detail": why}
-    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
-    return Plan(
-        Verdict.FROZEN,
-        (*head, denied),
-        receipt=ReceiptSpec("blocked", why),
-        refusal=Refusal("frozen", "frozen", why, action_id=a.action_id),
-    )
-
-
-def _budget(f: Facts, *, approved: bool) -> ConsumeBudget | str | None:
-    """The budget write this attempt makes, or why it is refused; None: it has no budget.
-
-    ``approved``: an operator approved it, so with ``over: approve`` it spends past the limit.
-    """
-    b = f.budget
-    if b is None:
-        return None
-    if b.charge is None:
-        return f"{b.action}: its budget ({b.rule}) cannot measure this request"
-    if (b.spent or 0) + b.charge > b.max and not (approved and b.over == "approve"):
-        return f"{b.action}: budget exceeded ({b.rule}): {b.left()} left, this asks {b.charge}"
-    return ConsumeBudget(b, BudgetCharge(b.action, b.scope, b.window_start, b.charge))
-
-
-def _over_budget(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
-    a = f.action
-    data = {"reason": "budget_exceeded", "detail": why}
-    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
-    return Plan(
-        Verdict.BUDGET_EXCEEDED,
-        (*head, denied),
-        receipt=ReceiptSpec("blocked", why),
-        refusal=Refusal("budget", "budget_exceeded", why, action_id=a.action_id),
-    )
-
-
-def _deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:
-    a, reason = f.action, f.evaluation.reason
-    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data={"reason": reason})
-    return Plan(
-        Verdict.DENY,
-        (*head, denied),
-        receipt=ReceiptSpec("denied"),
-        refusal=Refusal("denied", reason, f"{a.name} denied: {reason}", action_id=a.action_id),
     )
 
 
@@ -294,12 +234,12 @@ def _place(
     spend: tuple[Write, ...] = () if taken is None else (taken.write,)
     consumed: tuple[NewEvent, ...] = () if taken is None else (taken.event,)
     approval = None if taken is None else taken.approval
-    budget = _budget(f, approved=taken is not None)
+    budget = gates.budget_write(f, approved=taken is not None)
     if isinstance(budget, str):
         if f.mode != "observe":
-            return _over_budget(f, head, budget)
+            return gates.over_budget(f, head, budget)
         asks = "approval_required" if past_limit(f) else "budget_exceeded"
-        would_have = would_have or _would_have(f, asks)
+        would_have = would_have or gates.would_have(f, asks)
     elif budget is not None and f.mode != "observe":  # observe mode spends nothing
         spend = (*spend, budget)
     key = f.effect_key
@@ -322,8 +262,8 @@ def _reserve(
     approval: Approval | None,
     would_have: Mapping[str, str] | None,
 ) -> Plan:
-    a, now, number = f.action, iso(f.now), step.attempt
-    lease_ends = iso(f.now + f.lease)
+    a, now, number = f.action, stamp(f.now), step.attempt
+    lease_ends = stamp(f.now + f.lease)
     values: dict[str, Any] = {
         "action_id": a.action_id,
         "attempt": number,
@@ -371,7 +311,7 @@ def _refuse(
     if step.ambiguate:
         # The holder's lease ran out: it may have acted, nobody knows. Say so first.
         assert rec is not None
-        values = {"updated_at": iso(f.now), "lease_expires_at": None, "error": LEASE_EXPIRED}
+        values = {"updated_at": stamp(f.now), "lease_expires_at": None, "error": LEASE_EXPIRED}
         writes = (
             MoveEffect(key, rec.state, EffectState.AMBIGUOUS, rec.action_id, rec.attempt, values),
         )
@@ -386,7 +326,7 @@ def _refuse(
             Verdict.RUN,
             (*head, started),
             writes,
-            would_have=would_have or _would_have(f, blocked),
+            would_have=would_have or gates.would_have(f, blocked),
         )
     if step.kind == "ambiguous":
         verdict, data = Verdict.AMBIGUOUS, {"reason": "ambiguous"}

@@ -3,8 +3,9 @@
 A decision writes the same instant into many columns and documents (the record's
 ``updated_at``, each event's ``ts``, the receipt's ``finished_at``): ``action.iso`` took
 ~3 µs each time (``astimezone`` and ``strftime``), eleven times a call. ``stamp`` gives the
-same text, from ``isoformat`` for an instant already in UTC, and remembers the last instant
-it formatted, so the others cost a comparison.
+same text, from ``isoformat`` for an instant already in UTC, and remembers the last few
+instants it formatted (a call alternates between its start, its lease's end and its finish),
+so the others cost a comparison.
 """
 
 from __future__ import annotations
@@ -14,18 +15,24 @@ from datetime import datetime, timedelta
 from .action import iso
 
 _ZERO = timedelta(0)
-_last: tuple[datetime, str] | None = None  # replaced whole: a racing thread only recomputes
+_SLOTS = 4
+# The latest first; replaced whole, so a racing thread at worst formats one more time.
+_recent: tuple[tuple[datetime, str], ...] = ()
 
 
 def stamp(ts: datetime) -> str:
     """``action.iso(ts)``: UTC ISO-8601 with milliseconds and ``Z``."""
-    global _last
-    last = _last
-    if last is not None and (last[0] is ts or last[0] == ts):
-        return last[1]
+    global _recent
+    recent = _recent
+    for known, text in recent:
+        if known is ts:
+            return text
+    for known, text in recent:
+        if known == ts:  # the same instant, another object (or zone)
+            return text
     if ts.utcoffset() == _ZERO and ts.year >= 1000:
         text = ts.isoformat(timespec="milliseconds")[:23] + "Z"
     else:
         text = iso(ts)
-    _last = (ts, text)
+    _recent = ((ts, text), *recent[: _SLOTS - 1])
     return text
