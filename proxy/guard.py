@@ -1,14 +1,15 @@
 """The protected path: one consequential request, from route to receipt, in small steps::
 
     prepare   pure: route -> action -> effect key -> idempotency key, credentials
-    admit     the kernel, in one worker thread: begin (or claim a same-key replay)
+    admit     the kernel, on the ledger's decision thread: begin (or claim a same-key replay)
     forward   the h1 forwarder, within the upstream's deadline
-    settle    classify, record (a second worker thread), reconcile eagerly if ambiguous
+    settle    classify, record (the decision thread again), reconcile eagerly if ambiguous
     answer    the remote's own reply, or ctrlrun's answer in the remote's error shape
 
 ``Guard.handle`` returns ``PassThrough`` (not consequential: mitmproxy forwards it) or a
-``Handled``: the response and the decision behind it. Store calls run in worker threads, one
-for ``begin`` and one for ``finish``, so one slow request never stalls the event loop.
+``Handled``: the response and the decision behind it. Store calls never run on the event loop:
+``begin`` and ``finish`` queue for the ledger's decision thread (``ctrlrun.decisions``), where
+the decisions of concurrent requests share a COMMIT; reconciles take a worker thread each.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 from ctrlrun import ledger
 from ctrlrun.action import Principal
 from ctrlrun.attempt import Attempt
-from ctrlrun.control import Control, Outcome
+from ctrlrun.control import Control, Outcome, ReconcileFirst
+from ctrlrun.decisions import decide
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
 
@@ -152,7 +154,7 @@ class Guard:
     ) -> Handled:
         """Refuse an action whose effect key cannot be resolved, with a receipt saying why."""
         try:
-            receipt = await asyncio.to_thread(ctl.refuse_effect_key, bad.action, bad.error)
+            receipt = await decide(ctl.store, ctl.refuse_effect_key, bad.action, bad.error)
         except Exception as exc:  # the refusal's receipt could not be written: still refused
             refusal = self._note_ledger(refusal_for(exc, action=bad.action.name), exc)
             return self.refused(up, request, refusal)
@@ -216,26 +218,31 @@ class Guard:
     async def _admit(
         self, ctl: Control, up: Upstream, p: Prepared
     ) -> Attempt | replay.Claimed | Refusal:
-        """The kernel's decision, in one worker thread: an attempt, a replay or a refusal."""
+        """The kernel's decision, on the ledger's decision thread (with the decisions queued
+        beside it, under one COMMIT): an attempt, a replay or a refusal. A key left ambiguous
+        that the reconciler may settle is asked on a worker thread of its own."""
         lease = timedelta(seconds=up.timeout + self.reconcile_deadline + 60)
         lazy = self._hook(ctl, up, p.credentials)
 
-        def admit() -> Attempt | replay.Claimed:
+        def admit() -> Attempt | replay.Claimed | ReconcileFirst:
             claimed = replay.claim(ctl, p)
             if claimed is not None:
                 return claimed
-            return ctl.begin(
+            return ctl.begin_once(
                 p.action,
                 p.effect_key,
                 approval_id=p.approval_id,
                 lease=lease,
-                reconcile=lazy,
+                may_reconcile=lazy is not None,
                 idempotency_key=p.idempotency_key,
                 upstream=up.name,
             )
 
         try:
-            admitted = await asyncio.to_thread(admit)
+            admitted = await decide(ctl.store, admit)
+            if isinstance(admitted, ReconcileFirst):
+                assert lazy is not None
+                admitted = await asyncio.to_thread(ctl.reconcile_first, admitted, lazy)
         except Exception as exc:  # every refusal, and every failure, refuses: fail closed
             refusal = refusal_for(
                 exc, action=p.action.name, effect_key=p.effect_key, approval=p.approval_id
@@ -300,7 +307,7 @@ class Guard:
         self.metrics.decisions.labels(p.action.name, outcome).inc()
         try:
             error = settle.record_error(reply, outcome)
-            receipt = await asyncio.to_thread(ctl.finish, attempt, outcome, error=error)
+            receipt = await decide(ctl.store, ctl.finish, attempt, outcome, error=error)
         except Exception as exc:
             log.error(
                 "%s %s: outcome not recorded: %s", p.action.name, p.effect_key, type(exc).__name__
@@ -335,7 +342,8 @@ class Guard:
         error = f"proxy error: {type(exc).__name__}"
         with contextlib.suppress(Exception):
             # Shielded: a cancellation must not stop the record from saying nobody knows.
-            await asyncio.shield(asyncio.to_thread(ctl.finish, attempt, "ambiguous", error=error))
+            recorded = decide(ctl.store, ctl.finish, attempt, "ambiguous", error=error)
+            await asyncio.shield(recorded)
 
     async def _eager(self, ctl: Control, up: Upstream, p: Prepared, attempt: Attempt) -> str:
         """Ask the reconciler now, within its deadline; what it found, as the agent reads it."""

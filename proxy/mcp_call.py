@@ -16,7 +16,6 @@ What the agent gets back is the remote's response when one arrived, else ctrlrun
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from ctrlrun import ledger, tracing
 from ctrlrun.action import Action, Principal, canonical_bytes
 from ctrlrun.attempt import Attempt, attempt_receipt
 from ctrlrun.control import Control, Outcome, build_action
+from ctrlrun.decisions import decide
 from ctrlrun.errors import CTRLRunError, EffectKeyError, InvalidArgument
 from ctrlrun.events import EventType
 from ctrlrun.receipts import Receipt
@@ -191,7 +191,7 @@ class CallGuard:
             try:
                 key = template.resolve(action.arguments, resource=action.resource)
             except EffectKeyError as exc:
-                receipt = await asyncio.to_thread(ctl.refuse_effect_key, action, exc)
+                receipt = await decide(ctl.store, ctl.refuse_effect_key, action, exc)
                 return refusal_for(exc, action=action.name, receipt_id=receipt.receipt_id)
         headers = request.headers
         # Without Ctrlrun-Approval the kernel finds a granted approval for the identical call.
@@ -222,7 +222,7 @@ class CallGuard:
         self.guard.metrics.decisions.labels(p.action.name, outcome).inc()
         error = reply.error or (None if outcome == "committed" else _error_line(reply, response))
         try:
-            receipt = await asyncio.to_thread(ctl.finish, attempt, outcome, error=error)
+            receipt = await decide(ctl.store, ctl.finish, attempt, outcome, error=error)
         except Exception as exc:
             log.error("tools/call %s: outcome not recorded: %s", call.name, type(exc).__name__)
             return self.refused(request, call, settle.not_recorded(p, reply, exc))
@@ -256,21 +256,21 @@ class CallGuard:
         )
         if up.mcp.unmapped_tools == "deny":
             reason = f"tool {call.name!r} is not in the tools: of upstream {up.name!r}"
-            receipt = await asyncio.to_thread(record_denied, ctl, action, "unmapped_tool")
+            receipt = await decide(ctl.store, record_denied, ctl, action, "unmapped_tool")
             refusal = Refusal(
                 "denied", "unmapped_tool", reason, action.name, receipt_id=receipt.receipt_id
             )
             return self.refused(request, call, refusal)
         try:  # recorded before it leaves, as unmapped HTTP writes are (and the switch holds)
-            await asyncio.to_thread(ctl.propose_unprotected, action, reason="unmapped_tools: allow")
+            await decide(ctl.store, ctl.propose_unprotected, action, reason="unmapped_tools: allow")
         except Exception as exc:
             return self.refused(request, call, refusal_for(exc, action=action.name))
         reply = await send()
         outcome, response = classify_call(reply, call)
         receipt_id = None
         try:
-            receipt = await asyncio.to_thread(
-                ctl.record_unprotected, action, outcome, reason="unmapped_tools: allow"
+            receipt = await decide(
+                ctl.store, ctl.record_unprotected, action, outcome, reason="unmapped_tools: allow"
             )
             receipt_id = receipt.receipt_id
         except CTRLRunError as exc:

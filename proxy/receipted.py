@@ -9,12 +9,12 @@ never a header, never the query (it may carry anything).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import replace
 
 from ctrlrun.action import Action, Principal
 from ctrlrun.control import Control
+from ctrlrun.decisions import decide
 
 from .refusals import Refusal
 
@@ -54,7 +54,8 @@ async def write(
     all the same, and the missing receipt is said loudly.
     """
     try:
-        receipt = await asyncio.to_thread(
+        receipt = await decide(
+            ctl.store,
             ctl.record_refusal,
             action,
             code(refusal),

@@ -12,12 +12,12 @@ remote's end of the stream is closed and the agent is told.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
 from ctrlrun.attempt import Attempt
 from ctrlrun.control import Control, Outcome
+from ctrlrun.decisions import decide
 
 from .classify import Transport, classify
 from .config import Upstream
@@ -67,7 +67,9 @@ async def settle(
     if error is None and outcome != "committed":
         error = f"HTTP {status}"
     try:
-        receipt = await asyncio.to_thread(relay.control.finish, relay.attempt, outcome, error=error)
+        receipt = await decide(
+            relay.control.store, relay.control.finish, relay.attempt, outcome, error=error
+        )
     except Exception as exc:
         log.error("%s: outcome %s not recorded: %s", relay.action, outcome, type(exc).__name__)
         return not_recorded(relay.prepared, Forwarded(status, error=error), exc)

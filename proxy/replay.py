@@ -63,14 +63,16 @@ def replayable(
 
 
 def claim(ctl: Control, prepared: Prepared) -> Claimed | None:
-    """In a worker thread: a replay, with ``RECONCILIATION_STARTED`` written, or ``None``."""
+    """A decision (``decisions.decide``): a replay, with ``RECONCILIATION_STARTED``
+    written, or ``None``."""
     key, idem = prepared.effect_key, prepared.idempotency_key
     if key is None or not idem:
         return None
     if ctl.evaluate(prepared.action).decision is Decision.DENY:
         return None  # the policy now refuses the action: begin() records and says so
-    with ctl.store.reading() as conn:
-        row = ledger.get_effect_row(conn, key)
+    # Read in a write transaction: on the decision thread (or loop) it joins the batch, and
+    # sees what the decisions before it in the batch wrote.
+    row = ctl.store.write(lambda conn: ledger.get_effect_row(conn, key))
     if not replayable(row, prepared.action, idem, ctl.clock()):
         return None
     ctl.reconciler.started(key, TRIGGER)

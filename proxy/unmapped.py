@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ctrlrun.action import Action, Principal
 from ctrlrun.control import Control
+from ctrlrun.decisions import decide
 from ctrlrun.errors import ActionFrozen
 
 from .classify import classify
@@ -47,7 +47,7 @@ async def forward(
     )
     reason = "unmapped_writes: allow"
     try:
-        await asyncio.to_thread(ctl.propose_unprotected, action, reason=reason)
+        await decide(ctl.store, ctl.propose_unprotected, action, reason=reason)
     except ActionFrozen as exc:  # the kill switch: recorded, nothing sent
         return guard.refused(up, request, refusal_for(exc, action=action.name))
     except Exception as exc:
@@ -60,8 +60,8 @@ async def forward(
     outcome = classify(up.profile, "", status=reply.status, transport=reply.transport)
     receipt_id = None
     try:
-        receipt = await asyncio.to_thread(
-            ctl.record_unprotected, action, outcome, reason=reason, error=reply.error
+        receipt = await decide(
+            ctl.store, ctl.record_unprotected, action, outcome, reason=reason, error=reply.error
         )
         receipt_id = receipt.receipt_id
     except Exception as exc:

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -45,6 +45,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Outcome = Literal["committed", "failed", "ambiguous"]
 DEFAULT_LEASE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class ReconcileFirst:
+    """``begin_once`` found the key ambiguous: the remote is to be asked before deciding."""
+
+    facts: Facts
 
 
 class Control:
@@ -112,6 +119,34 @@ class Control:
         upstream: str | None = None,
     ) -> Attempt:
         """Decide, check the approval and reserve the effect key; raise the refusal if any."""
+        first = self.begin_once(
+            action,
+            effect_key,
+            approval_id=approval_id,
+            lease=lease,
+            may_reconcile=reconcile is not None,
+            idempotency_key=idempotency_key,
+            upstream=upstream,
+        )
+        if isinstance(first, ReconcileFirst):
+            assert reconcile is not None
+            return self.reconcile_first(first, reconcile)
+        return first
+
+    def begin_once(
+        self,
+        action: Action,
+        effect_key: str | None,
+        *,
+        approval_id: str | None = None,
+        lease: timedelta | None = None,
+        may_reconcile: bool = False,
+        idempotency_key: str | None = None,
+        upstream: str | None = None,
+    ) -> Attempt | ReconcileFirst:
+        """``begin`` up to the remote: it never waits on the network, so it may run in a batch
+        of decisions (``decisions.decide``). A key left ambiguous that a hook may settle comes
+        back as ``ReconcileFirst``, its ambiguation written: ``reconcile_first`` goes on."""
         policy, now = self.policy, self.clock()
         evaluation = policy.evaluate(action.name, action.arguments)
         asks = approval_id is None and policy.may_ask(action.name, evaluation.decision)
@@ -126,7 +161,7 @@ class Control:
             window=policy.window(action.name),
             approval_id=approval_id,
             resend=not policy.approval_by_header_only(action.name),
-            may_reconcile=reconcile is not None and effect_key is not None,
+            may_reconcile=may_reconcile and effect_key is not None,
             request_id=new_id("apr") if asks else None,
             approval_ttl=self.approval_ttl,
             idempotency_key=idempotency_key,
@@ -136,11 +171,17 @@ class Control:
         )
         admitted = admit(self.store, facts)
         if admitted.plan.verdict is Verdict.RECONCILE_FIRST:
-            assert reconcile is not None and effect_key is not None
-            self.reconciler.run(effect_key, reconcile, trigger="blocking")
-            again = replace(facts, now=self.clock(), may_reconcile=False, announced=True)
-            admitted = admit(self.store, again)
-            admitted = replace(admitted, attempt=replace(admitted.attempt, reconciled=True))
+            return ReconcileFirst(facts)
+        return self._admitted(admitted)
+
+    def reconcile_first(self, pending: ReconcileFirst, reconcile: ReconcileHook) -> Attempt:
+        """Ask ``reconcile`` what became of the ambiguous key, then decide again."""
+        facts = pending.facts
+        assert facts.effect_key is not None
+        self.reconciler.run(facts.effect_key, reconcile, trigger="blocking")
+        again = replace(facts, now=self.clock(), may_reconcile=False, announced=True)
+        admitted = admit(self.store, again)
+        admitted = replace(admitted, attempt=replace(admitted.attempt, reconciled=True))
         return self._admitted(admitted)
 
     def _admitted(self, admitted: Admitted) -> Attempt:

@@ -113,6 +113,10 @@ class StateStore:
         with self.transaction() as conn:
             return body(conn)
 
+    def batches(self) -> GroupCommit | None:
+        """Where ``decisions.decide`` queues its calls to share a COMMIT; None: it does not."""
+        return None
+
     @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A read-only transaction (never takes the write lock)."""
@@ -248,7 +252,8 @@ class SQLiteStateStore(StateStore):
         event.listen(engine, "connect", sqlite_connect)
         self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
-        self._writers = GroupCommit(engine.connect, begin_immediate)
+        where = f"ledger at {engine.url.render_as_string(hide_password=True)}"
+        self._writers = GroupCommit(engine.connect, begin_immediate, where=where)
         super().__init__(engine, create=create or new)
         try:
             self._watch_files(new=new, mark=create or new)
@@ -286,6 +291,9 @@ class SQLiteStateStore(StateStore):
         # This process's concurrent writers share one transaction and its COMMIT.
         with map_driver_errors(f"ledger at {self.location}"), self._writers.transaction() as conn:
             yield conn
+
+    def batches(self) -> GroupCommit:
+        return self._writers
 
     def close(self) -> None:
         self._writers.close()

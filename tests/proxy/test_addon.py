@@ -261,9 +261,9 @@ def test_an_error_before_forwarding_refuses_and_never_forwards(
     if how == "control_factory_raises":
         rig.make_control = lambda: _raise(RuntimeError("no control"))
     elif how == "begin_raises_a_bug":
-        monkeypatch.setattr(rig.control, "begin", lambda *a, **k: _raise(KeyError("bug")))
+        monkeypatch.setattr(rig.control, "begin_once", lambda *a, **k: _raise(KeyError("bug")))
     elif how == "ledger_unavailable":
-        monkeypatch.setattr(rig.control, "begin", lambda *a, **k: _raise(StoreError("down")))
+        monkeypatch.setattr(rig.control, "begin_once", lambda *a, **k: _raise(StoreError("down")))
     elif how == "route_mapping_raises":
         monkeypatch.setattr(guard_module, "map_request", lambda *a: _raise(ValueError("bug")))
     else:

@@ -21,6 +21,7 @@ from ctrlrun import ledger
 from ctrlrun.action import Principal
 from ctrlrun.control import Control
 from ctrlrun.errors import StoreError
+from ctrlrun.group_commit import Job
 from ctrlrun.proxy import guard as guard_module
 from ctrlrun.proxy import settle
 from ctrlrun.proxy.config import Upstream
@@ -281,17 +282,25 @@ def test_a_retry_during_a_slow_attempt_gets_its_answer_and_the_remote_sees_one_w
 
 
 @pytest.mark.parametrize("idem", [None, "idem-1"])
-def test_a_committed_request_takes_two_worker_threads(
+def test_a_committed_request_takes_two_decisions_on_the_loop_and_no_thread(
     control: Control, monkeypatch: pytest.MonkeyPatch, idem: str | None
 ) -> None:
-    hops: list[str] = []
-    real = asyncio.to_thread
+    batches = control.store.batches()
+    assert batches is not None  # SQLite: decisions share COMMITs
+    control.store.write(lambda conn: None)  # a connection kept from before: none to open
+    here: list[str] = []
+    real = batches.run_here
 
-    async def counted(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        hops.append(getattr(fn, "__name__", repr(fn)))
-        return await real(fn, *args, **kwargs)
+    def counted(batch: list[Job]) -> bool:
+        here.extend(getattr(job.fn, "__name__", None) or job.fn.func.__name__ for job in batch)
+        return real(batch)
 
-    monkeypatch.setattr(guard_module.asyncio, "to_thread", counted)
+    def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a decision left the loop's thread")
+
+    monkeypatch.setattr(batches, "run_here", counted)
+    monkeypatch.setattr(batches, "submit", no_thread)
+    monkeypatch.setattr(guard_module.asyncio, "to_thread", no_thread)
     forwarder = Gated(OK)
     forwarder.release.set()
 
@@ -300,7 +309,7 @@ def test_a_committed_request_takes_two_worker_threads(
         return handled(await refund(guard, control, idem=idem))
 
     assert run(main).outcome == "committed"
-    assert hops == ["admit", "finish"]  # begin (with the replay check), then finish
+    assert here == ["admit", "finish"]  # begin (with the replay check), then finish
 
 
 def test_the_attempts_own_idempotency_key_is_forwarded_when_the_client_sent_none(
@@ -328,7 +337,7 @@ def test_a_store_failure_before_forwarding_is_counted_and_refused(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreError("ledger down")
 
-    monkeypatch.setattr(control, "begin", down)
+    monkeypatch.setattr(control, "begin_once", down)
     forwarder = Gated(OK)
 
     async def main() -> tuple[Handled, Guard]:
