@@ -36,6 +36,7 @@ _EVENT_INSERT = (
 )
 _HOT = {
     "get_effect": f"SELECT {', '.join(_EFFECT_COLUMNS)} FROM effects WHERE effect_key = :key",
+    "insert_event": _EVENT_INSERT,
     "insert_event_id": _EVENT_INSERT + " RETURNING event_id",
     "last_event": "SELECT max(event_id) FROM events",
     "advance_chain": "UPDATE receipt_chain SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash",
@@ -132,8 +133,8 @@ def get_effect_row(conn: Connection, key: str) -> Mapping[str, Any] | None:
 def insert_effect(conn: Connection, values: Mapping[str, Any]) -> bool:
     """Insert a new record; False when the key already exists (someone else won)."""
     check_transition(EffectState.NEW, EffectState(values["state"]))
-    sql = _insert_effect_sql(tuple(sorted(values)))
-    return int(_run(conn, sql, dict(values)).rowcount) == 1
+    sql = _insert_effect_sql(tuple(values))  # a plan names its columns in one order
+    return int(_run(conn, sql, values).rowcount) == 1
 
 
 def move_effect(
@@ -149,7 +150,7 @@ def move_effect(
     """Compare-and-set one transition; False when the record is no longer as expected."""
     check_transition(old, new)
     params = {**values, "state": new.value}
-    sql = _move_effect_sql(tuple(sorted(params)))
+    sql = _move_effect_sql(tuple(params))
     params.update(k_key=key, k_old=old.value, k_action_id=action_id, k_attempt=attempt)
     return int(_run(conn, sql, params).rowcount) == 1
 
@@ -209,6 +210,8 @@ def append_event(
 ) -> int:
     """Append one event; returns its id."""
     row = event_row(now, type_, action_id, effect_key, approval_id, data)
+    if conn.dialect.name == "sqlite":  # the event id is the rowid: no RETURNING needed
+        return int(_run(conn, "insert_event", row).lastrowid)
     return int(_run(conn, "insert_event_id", row).fetchone()[0])
 
 
@@ -222,6 +225,8 @@ def append_events(
     if not rows:
         return None
     params = {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS}
+    if returning and conn.dialect.name == "sqlite":  # the last row's rowid is the largest id
+        return int(_run(conn, _events_sql(len(rows), False), params).lastrowid)
     cur = _run(conn, _events_sql(len(rows), returning), params)
     return max(int(r[0]) for r in cur.fetchall()) if returning else None
 
