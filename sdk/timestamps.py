@@ -10,7 +10,7 @@ so the others cost a comparison.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from .action import iso
 
@@ -30,7 +30,7 @@ def stamp(ts: datetime) -> str:
     for known, text in recent:
         if known == ts:  # the same instant, another object (or zone)
             return text
-    if ts.utcoffset() == _ZERO and ts.year >= 1000:
+    if ts.year >= 1000 and (ts.tzinfo is UTC or ts.utcoffset() == _ZERO):
         text = ts.isoformat(timespec="milliseconds")[:23] + "Z"
     else:
         text = iso(ts)
