@@ -224,11 +224,17 @@ def append_events(
     """
     if not rows:
         return None
-    params = {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS}
+    params = {name: rows[i][c] for name, i, c in _event_params(len(rows))}
     if returning and conn.dialect.name == "sqlite":  # the last row's rowid is the largest id
         return int(_run(conn, _events_sql(len(rows), False), params).lastrowid)
     cur = _run(conn, _events_sql(len(rows), returning), params)
     return max(int(r[0]) for r in cur.fetchall()) if returning else None
+
+
+@functools.cache
+def _event_params(n: int) -> tuple[tuple[str, int, str], ...]:
+    """(parameter, row, column) of ``_events_sql(n)``'s parameters."""
+    return tuple((f"{c}_{i}", i, c) for i in range(n) for c in _EVENT_COLUMNS)
 
 
 @functools.cache
