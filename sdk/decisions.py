@@ -22,7 +22,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .group_commit import MAX_GROUP, GroupCommit, Job
+from .batch_job import Job
+from .group_commit import MAX_GROUP, GroupCommit
 
 if TYPE_CHECKING:
     from .store import StateStore

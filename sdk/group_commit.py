@@ -43,17 +43,15 @@ network: a reconcile is asked outside any batch (``Control.reconcile_first``).
 
 from __future__ import annotations
 
-import contextvars
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from sqlalchemy import Connection, NestedTransaction
+from sqlalchemy import Connection
 
+from .batch_job import Job, busy, busy_timeout
 from .driver_errors import is_driver_error, one_line
 from .errors import StoreError
 
@@ -67,39 +65,12 @@ class _Group:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        # Savepoints go to the driver as text: SQLAlchemy's nested transactions cost more
+        # Python than a decision's statements, and bodies never nest (one name serves all).
+        self.raw: Any = conn.connection.dbapi_connection
         self.size = 0
         self.done = threading.Event()
         self.error: BaseException | None = None
-
-
-class Resolve(Protocol):
-    def __call__(self, result: Any, error: BaseException | None) -> None: ...
-
-
-@dataclass
-class Job:
-    """One decision of a batch; ``done`` gets its result once it is committed."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    done: Resolve
-    here: bool = False  # run by ``run_here`` (the caller's thread, which must not wait)
-    context: contextvars.Context = field(default_factory=contextvars.copy_context)
-    groups: list[_Group] = field(default_factory=list)
-    result: Any = None
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.context.run(self.fn, *self.args)
-        except BaseException as exc:  # handed to its caller, like a worker thread's
-            self.error = exc
-
-    def resolve(self) -> None:
-        lost = next((g.error for g in self.groups if g.error is not None), None)
-        if lost is not None:
-            self.result, self.error = None, lost
-        self.done(self.result, self.error)
 
 
 class GroupCommit:
@@ -142,12 +113,12 @@ class GroupCommit:
             group = self._join()
             if job is not None:
                 job.groups.append(group)  # its result waits for this group's COMMIT
-            savepoint = None if group.size == 1 else self._savepoint(group)
+            savepoint = group.size > 1 and self._savepoint(group)
             self._inside.body = True
             try:
                 yield group.conn
-                if savepoint is not None:
-                    savepoint.commit()
+                if savepoint:
+                    group.raw.execute("RELEASE body")
             except BaseException:
                 self._undo(group, savepoint)
                 raise
@@ -177,7 +148,7 @@ class GroupCommit:
             self._conn = None  # given back by a group that ends cleanly
             try:
                 if conn is self._hasty:  # back to waiting for the lock (see ``run_here``)
-                    _busy_timeout(conn, BUSY_TIMEOUT_MS)
+                    busy_timeout(conn, BUSY_TIMEOUT_MS)
                     self._hasty = None
                 self._begin(conn)
             except BaseException:
@@ -187,11 +158,12 @@ class GroupCommit:
         group.size += 1
         return group
 
-    def _undo(self, group: _Group, savepoint: NestedTransaction | None) -> None:
+    def _undo(self, group: _Group, savepoint: bool) -> None:
         group.size -= 1
-        if savepoint is not None:
+        if savepoint:
             try:
-                savepoint.rollback()
+                group.raw.execute("ROLLBACK TO body")
+                group.raw.execute("RELEASE body")
             except BaseException as exc:
                 self._fail(group, exc)
                 raise
@@ -211,9 +183,10 @@ class GroupCommit:
         finally:
             group.done.set()
 
-    def _savepoint(self, group: _Group) -> NestedTransaction:
+    def _savepoint(self, group: _Group) -> bool:
         try:
-            return group.conn.begin_nested()
+            group.raw.execute("SAVEPOINT body")
+            return True
         except BaseException as exc:
             group.size -= 1
             self._fail(group, exc)
@@ -292,11 +265,11 @@ class GroupCommit:
         assert conn is not None
         try:
             if self._hasty is not conn:
-                _busy_timeout(conn, 0)
+                busy_timeout(conn, 0)
                 self._hasty = conn
             self._begin(conn)
         except BaseException as exc:
-            if not _busy(exc):
+            if not busy(exc):
                 self._discard(conn)
                 raise
             self._conn = conn
@@ -378,14 +351,3 @@ class GroupCommit:
             raise StoreError(f"the ledger's COMMIT did not finish within {COMMIT_WAIT:.0f} s")
         if group.error is not None:
             raise group.error
-
-
-def _busy_timeout(conn: Connection, ms: int) -> None:
-    conn.connection.dbapi_connection.execute(f"PRAGMA busy_timeout={ms}")  # type: ignore[union-attr]
-
-
-def _busy(exc: BaseException) -> bool:
-    """SQLite said SQLITE_BUSY (directly from the driver, or wrapped by SQLAlchemy)."""
-    orig = getattr(exc, "orig", exc)
-    code = getattr(orig, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY

@@ -19,9 +19,9 @@ import pytest
 
 from ctrlrun import ledger
 from ctrlrun.action import Principal
+from ctrlrun.batch_job import Job
 from ctrlrun.control import Control
 from ctrlrun.errors import StoreError
-from ctrlrun.group_commit import Job
 from ctrlrun.proxy import guard as guard_module
 from ctrlrun.proxy import settle
 from ctrlrun.proxy.config import Upstream

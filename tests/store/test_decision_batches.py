@@ -16,9 +16,10 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from ctrlrun import Action, Control, Policy, Principal
+from ctrlrun.batch_job import Job
 from ctrlrun.decisions import decide
 from ctrlrun.errors import StoreError
-from ctrlrun.group_commit import GroupCommit, Job
+from ctrlrun.group_commit import GroupCommit
 from ctrlrun.store import SQLiteStateStore
 
 WAIT = 10.0
