@@ -52,7 +52,7 @@ class _Waker:
     callback per burst rather than per result."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # not kept alive by its entry in ``_wakers``
         self.owner = threading.get_ident()  # the loop's thread
         self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         self._lock = threading.Lock()
@@ -62,7 +62,7 @@ class _Waker:
     def queue(self, batches: GroupCommit, job: Job) -> None:
         self._jobs.append((batches, job))
         if len(self._jobs) == 1:
-            self.loop.call_soon(self._decide)
+            asyncio.get_running_loop().call_soon(self._decide)
 
     def _decide(self) -> None:
         jobs, self._jobs = self._jobs, []
@@ -95,8 +95,11 @@ class _Waker:
             if self._scheduled:
                 return
             self._scheduled = True
+        loop = self._loop()
         try:
-            self.loop.call_soon_threadsafe(self._flush)
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             with self._lock:
                 self._ready.clear()

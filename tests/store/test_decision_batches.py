@@ -323,3 +323,21 @@ def test_a_batch_whose_connection_breaks_refuses_its_begins_and_records_no_finis
     again = asyncio.run(decide(ctl.store, ctl.begin, _action(ctl, 3), "pay:3"))
     assert again.effect_key == "pay:3" and _state(path, "pay:3") == "executing"
     ctl.store.close()
+
+
+def test_a_closed_loop_and_its_decisions_are_not_kept(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    from ctrlrun import decisions
+
+    ctl = _control(tmp_path)
+    ctl.store.write(lambda conn: None)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(decide(ctl.store, ctl.begin, _action(ctl, 1), "pay:1"))
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert gone() is None and len(decisions._wakers) == 0
+    ctl.store.close()
