@@ -1,16 +1,22 @@
-"""Ledger decisions for an event loop: off the loop, and many of them to one COMMIT.
+"""Ledger decisions for an event loop: never blocking it, many of them to one COMMIT.
 
-``await decide(store, fn, *args)`` runs ``fn(*args)`` where it may block on the ledger, never on
-the loop. On a store that batches (SQLite, ``group_commit.GroupCommit.submit``), the calls
-queued meanwhile run one after the other on its decision thread inside one transaction, and
-each caller is answered once that transaction is committed; elsewhere each call takes a worker
-thread of its own (``asyncio.to_thread``).
+``await decide(store, fn, *args)`` runs ``fn(*args)`` and hands back its result (or its
+exception) once what it wrote is committed.
 
-``fn`` must not wait on the network (a reconcile, a webhook): every decision queued behind it
+- On a store that batches (SQLite: ``store.batches()``, a ``GroupCommit``), the calls the loop
+  queued during one of its iterations run as one batch at the end of it, in one transaction:
+  on the loop's own thread when nothing can make it wait (``GroupCommit.run_here``), else on
+  the store's decision thread (``GroupCommit.submit``).
+- On any other store (PostgreSQL, whose statements are round trips) each call takes a worker
+  thread of its own (``asyncio.to_thread``), in a transaction of its own. (A pool of decision
+  threads handing results back in bulk measured no faster: 0.29-0.37x mitmdump's writes
+  against 0.31-0.37x.)
+
+``fn`` must not wait on the network (a reconcile, a webhook): every decision of its batch
 would wait too. Such calls keep to ``asyncio.to_thread``.
 
-Results come back to the loop in bulk: the first one ready schedules a single callback, which
-hands over every result that arrived until it runs.
+Results from the decision thread come back to the loop in bulk: the first one ready
+schedules a single callback, which hands over every result that arrived until it runs.
 """
 
 from __future__ import annotations
