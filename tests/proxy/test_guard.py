@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -414,5 +415,38 @@ def test_an_unresolvable_effect_key_is_refused_with_a_receipt(tmp_path: Path) ->
         with ctl.store.reading() as conn:
             receipts = [r.document for r in load_receipts(conn)]
         assert [(r["receipt_id"], r["result"]) for r in receipts] == [(got.receipt_id, "denied")]
+    finally:
+        ctl.store.close()
+
+
+def test_a_reconcile_first_asks_the_remote_outside_any_batch(tmp_path: Path) -> None:
+    # An ambiguous key, then a new request for it: the kernel asks the reconciler before
+    # deciding. The remote is asked on a worker thread, never on the loop and never while a
+    # batch holds the ledger's lock (every decision queued behind it would wait).
+    ctl = make_control(tmp_path, reconcile="lazy")
+    batches = ctl.store.batches()
+    assert batches is not None
+    asked: list[tuple[bool, bool]] = []
+    loop_thread: list[int] = []
+
+    def hook(facts: Any) -> str:
+        asked.append((threading.get_ident() == loop_thread[0], batches._lock.locked()))
+        return "not_executed"
+
+    forwarder = Gated(RuntimeError("cut"), OK)
+    forwarder.release.set()
+
+    async def main() -> tuple[Handled, Handled]:
+        loop_thread.append(threading.get_ident())
+        guard = Guard(lambda: ctl, forwarder, {"stripe": hook})  # type: ignore[arg-type, dict-item]
+        lost = await refund(guard, ctl, idem="idem-1")
+        again = await refund(guard, ctl, idem="idem-2")  # not a replay: another key
+        return handled(lost), handled(again)
+
+    try:
+        lost, again = run(main)
+        assert lost.outcome == "upstream_ambiguous"
+        assert asked == [(False, False)]  # once, on a worker thread, the lock free
+        assert again.outcome == "committed" and state(ctl) == "committed"
     finally:
         ctl.store.close()
