@@ -303,28 +303,32 @@ class GroupCommit:
             job = self._jobs.get()
             if job is None:
                 return
-            batch = [job]
-            while len(batch) < MAX_GROUP:
-                try:
-                    nxt = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._jobs.put(None)  # stop after this batch
-                    break
-                batch.append(nxt)
-            self._run_batch(batch)
-
-    def _run_batch(self, batch: list[Job]) -> None:
-        try:
-            self._take_lock()
+            self._take_lock()  # the jobs queued meanwhile join this batch
             try:
-                for job in batch:
-                    self._run(job)
-                if self._group is not None:
-                    self._commit(self._group)
+                self._run_batch(self._drain(job))
             finally:
                 self._lock.release()
+
+    def _drain(self, first: Job) -> list[Job]:
+        batch = [first]
+        while len(batch) < MAX_GROUP:
+            try:
+                nxt = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._jobs.put(None)  # stop after this batch
+                break
+            batch.append(nxt)
+        return batch
+
+    def _run_batch(self, batch: list[Job]) -> None:
+        """Run ``batch`` (the lock held), commit it, then tell each job's caller."""
+        try:
+            for job in batch:
+                self._run(job)
+            if self._group is not None:
+                self._commit(self._group)
         except BaseException as exc:  # pragma: no cover (a bug here fails the batch, closed)
             for job in batch:
                 if job.error is None:
