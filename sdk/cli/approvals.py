@@ -21,11 +21,15 @@ def approvals(as_json: bool, store_url: str | None) -> None:
     Example: ctrlrun approvals && ctrlrun approve apr_…
     """
     from ctrlrun import ledger
+    from ctrlrun.action import iso
     from ctrlrun.approvals import progress, required_of
 
     store = reader(store_url)
     with store.reading() as conn:
         pending = [(row, list(row["approvers"])) for row in ledger.pending_approvals(conn)]
+    # A sidecar marks a request expired within seconds of its expiry; without one running
+    # (or between its rounds) the row still says pending: it can no longer be granted.
+    now = iso(store.clock())
     if not pending:
         say("no pending approvals", as_json=as_json)
     for row, names in pending:
@@ -39,10 +43,13 @@ def approvals(as_json: bool, store_url: str | None) -> None:
                 "expires_at": row["expires_at"],
                 "approvals_required": required,
                 "approvers": names,
+                "expired": row["expires_at"] <= now,
             }
             click.echo(json.dumps(document))
             continue
         votes = f"  approved by {', '.join(names)}" if names else ""
+        if row["expires_at"] <= now:
+            votes = "  (expired: it can no longer be granted)" + votes
         quorum = f" ({progress(len(names), required)})" if required > 1 else ""
         click.echo(
             f"{row['approval_id']}  {action['name']}  "

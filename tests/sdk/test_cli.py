@@ -197,8 +197,26 @@ def test_approvals_lists_pending(filled: dict[str, Any], tmp_path: Path) -> None
     (doc,) = [json.loads(x) for x in invoke(["approvals", "--json"], tmp_path).out.splitlines()]
     assert doc["request_id"] == filled["request_id"]
     assert doc["action"]["arguments"] == {"amount": 250000, "payment_id": "big"}
+    assert doc["expired"] is False and "expired" not in line
     invoke(["deny", filled["request_id"]], tmp_path)
     assert invoke(["approvals"], tmp_path).out == "no pending approvals\n"
+
+
+def test_approvals_says_a_request_past_its_expiry_is_expired(
+    filled: dict[str, Any], store: SQLiteStateStore, tmp_path: Path
+) -> None:
+    # No sidecar has marked it yet: the row still says pending, but it cannot be granted.
+    with store.transaction() as conn:
+        conn.exec_driver_sql(
+            "UPDATE approvals SET expires_at = '2000-01-01T00:00:00.000000Z' WHERE approval_id = ?",
+            (filled["request_id"],),
+        )
+    (line,) = invoke(["approvals"], tmp_path).out.splitlines()
+    assert (
+        line.startswith(filled["request_id"]) and "(expired: it can no longer be granted)" in line
+    )
+    (doc,) = [json.loads(x) for x in invoke(["approvals", "--json"], tmp_path).out.splitlines()]
+    assert doc["expired"] is True
 
 
 def test_stats(filled: dict[str, Any], tmp_path: Path) -> None:
