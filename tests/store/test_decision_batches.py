@@ -341,11 +341,13 @@ def test_a_closed_loop_and_its_decisions_are_not_kept(tmp_path: Path) -> None:
 
     ctl = _control(tmp_path)
     ctl.store.write(lambda conn: None)
+    gc.collect()
+    before = len(decisions._wakers)  # other tests' loops may still be alive
     loop = asyncio.new_event_loop()
     loop.run_until_complete(decide(ctl.store, ctl.begin, _action(ctl, 1), "pay:1"))
     loop.close()
     gone = weakref.ref(loop)
     del loop
     gc.collect()
-    assert gone() is None and len(decisions._wakers) == 0
+    assert gone() is None and len(decisions._wakers) <= before
     ctl.store.close()
