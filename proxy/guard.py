@@ -1,15 +1,16 @@
 """The protected path: one consequential request, from route to receipt, in small steps::
 
     prepare   pure: route -> action -> effect key -> idempotency key, credentials
-    admit     the kernel, on the ledger's decision thread: begin (or claim a same-key replay)
+    admit     the kernel, as a ledger decision: begin (or claim a same-key replay)
     forward   the h1 forwarder, within the upstream's deadline
-    settle    classify, record (the decision thread again), reconcile eagerly if ambiguous
+    settle    classify, record (a second decision), reconcile eagerly if ambiguous
     answer    the remote's own reply, or ctrlrun's answer in the remote's error shape
 
 ``Guard.handle`` returns ``PassThrough`` (not consequential: mitmproxy forwards it) or a
-``Handled``: the response and the decision behind it. Store calls never run on the event loop:
-``begin`` and ``finish`` queue for the ledger's decision thread (``ctrlrun.decisions``), where
-the decisions of concurrent requests share a COMMIT; reconciles take a worker thread each.
+``Handled``: the response and the decision behind it. No store call waits on the event loop:
+``begin`` and ``finish`` are ledger decisions (``ctrlrun.decisions``), those of concurrent
+requests sharing a COMMIT, run on the loop's thread only when nothing can make them wait
+(else on the ledger's decision thread); reconciles take a worker thread each.
 """
 
 from __future__ import annotations
@@ -218,9 +219,9 @@ class Guard:
     async def _admit(
         self, ctl: Control, up: Upstream, p: Prepared
     ) -> Attempt | replay.Claimed | Refusal:
-        """The kernel's decision, on the ledger's decision thread (with the decisions queued
-        beside it, under one COMMIT): an attempt, a replay or a refusal. A key left ambiguous
-        that the reconciler may settle is asked on a worker thread of its own."""
+        """The kernel's decision, in a batch with the decisions queued beside it (one COMMIT):
+        an attempt, a replay or a refusal. A key left ambiguous that the reconciler may settle
+        is asked on a worker thread of its own, outside any batch."""
         lease = timedelta(seconds=up.timeout + self.reconcile_deadline + 60)
         lazy = self._hook(ctl, up, p.credentials)
 

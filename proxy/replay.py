@@ -70,7 +70,7 @@ def claim(ctl: Control, prepared: Prepared) -> Claimed | None:
         return None
     if ctl.evaluate(prepared.action).decision is Decision.DENY:
         return None  # the policy now refuses the action: begin() records and says so
-    # Read in a write transaction: on the decision thread (or loop) it joins the batch, and
+    # Read in a write transaction: in a batch of decisions it joins the batch, and
     # sees what the decisions before it in the batch wrote.
     row = ctl.store.write(lambda conn: ledger.get_effect_row(conn, key))
     if not replayable(row, prepared.action, idem, ctl.clock()):
