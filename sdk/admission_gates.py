@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from .budgets import BudgetCharge
 from .events import EventType as E
-from .plan import ConsumeBudget, Facts, NewEvent, Plan, ReceiptSpec, Refusal, Verdict
+from .plan import (
+    ConsumeBudget,
+    Facts,
+    NewEvent,
+    Plan,
+    ReceiptSpec,
+    Refusal,
+    RefusalKind,
+    Verdict,
+)
 
 
 def past_limit(f: Facts) -> str | None:
@@ -25,14 +34,27 @@ def would_have(f: Facts, blocked: str) -> dict[str, str]:
 
 
 def frozen(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
+    return _blocked(f, head, Verdict.FROZEN, "frozen", "frozen", why)
+
+
+def _blocked(
+    f: Facts,
+    head: tuple[NewEvent, ...],
+    verdict: Verdict,
+    kind: RefusalKind,
+    reason: str,
+    why: str,
+) -> Plan:
+    """A gate before the record refused the attempt: denied, with a ``blocked`` receipt."""
     a = f.action
-    data = {"reason": "frozen", "detail": why}
-    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
+    denied = NewEvent(
+        E.ACTION_DENIED, a.action_id, f.effect_key, data={"reason": reason, "detail": why}
+    )
     return Plan(
-        Verdict.FROZEN,
+        verdict,
         (*head, denied),
         receipt=ReceiptSpec("blocked", why),
-        refusal=Refusal("frozen", "frozen", why, action_id=a.action_id),
+        refusal=Refusal(kind, reason, why, action_id=a.action_id),
     )
 
 
@@ -52,15 +74,7 @@ def budget_write(f: Facts, *, approved: bool) -> ConsumeBudget | str | None:
 
 
 def over_budget(f: Facts, head: tuple[NewEvent, ...], why: str) -> Plan:
-    a = f.action
-    data = {"reason": "budget_exceeded", "detail": why}
-    denied = NewEvent(E.ACTION_DENIED, a.action_id, f.effect_key, data=data)
-    return Plan(
-        Verdict.BUDGET_EXCEEDED,
-        (*head, denied),
-        receipt=ReceiptSpec("blocked", why),
-        refusal=Refusal("budget", "budget_exceeded", why, action_id=a.action_id),
-    )
+    return _blocked(f, head, Verdict.BUDGET_EXCEEDED, "budget", "budget_exceeded", why)
 
 
 def deny(f: Facts, head: tuple[NewEvent, ...]) -> Plan:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import Engine, create_engine, event
 
 from ctrlrun.store import StateStore, open_store
 
@@ -62,3 +64,26 @@ def store(store_url: str) -> Iterator[StateStore]:
     s = open_store(store_url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    """A WAL SQLite file ``g.db`` with a ``parent`` table and a ``child`` whose foreign key is
+    checked at COMMIT (an orphan row makes the COMMIT itself fail)."""
+    eng = create_engine(f"sqlite:///{tmp_path / 'g.db'}", connect_args={"timeout": 5})
+
+    @event.listens_for(eng, "connect")
+    def _connect(dbapi: Any, _record: Any) -> None:
+        dbapi.isolation_level = None
+        dbapi.execute("PRAGMA journal_mode=WAL")
+        dbapi.execute("PRAGMA foreign_keys=ON")
+
+    with eng.connect() as conn:
+        conn.exec_driver_sql("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql(
+            "CREATE TABLE child (id INTEGER PRIMARY KEY, parent INTEGER "
+            "REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.commit()
+    yield eng
+    eng.dispose()

@@ -9,12 +9,12 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, event, text
 
 from ctrlrun import Action, Control, Policy, Principal
 from ctrlrun.batch_job import Job
@@ -32,27 +32,6 @@ actions:
     decision: allow
     effect: "pay:{n}"
 """
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = create_engine(f"sqlite:///{tmp_path / 'b.db'}", connect_args={"timeout": 5})
-
-    @event.listens_for(eng, "connect")
-    def _connect(dbapi: Any, _record: Any) -> None:
-        dbapi.isolation_level = None
-        dbapi.execute("PRAGMA journal_mode=WAL")
-        dbapi.execute("PRAGMA foreign_keys=ON")
-
-    with eng.connect() as conn:
-        conn.exec_driver_sql("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
-        conn.exec_driver_sql(
-            "CREATE TABLE child (id INTEGER PRIMARY KEY, parent INTEGER "
-            "REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
-        )
-        conn.commit()
-    yield eng
-    eng.dispose()
 
 
 def _begin(conn: Connection) -> None:
@@ -200,7 +179,7 @@ def test_nothing_runs_here_while_another_connection_holds_the_write_lock(
 ) -> None:
     gc = GroupCommit(engine.connect, _begin)
     _warm(gc)
-    other = sqlite3.connect(tmp_path / "b.db", isolation_level=None)
+    other = sqlite3.connect(tmp_path / "g.db", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     r = Results(gc)
     batch = [r.job("a", "parent", 1)]

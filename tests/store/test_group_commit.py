@@ -4,39 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, event, text
 
 from ctrlrun.errors import StoreError
 from ctrlrun.group_commit import GroupCommit
 from ctrlrun.store import SQLiteStateStore
 
 WAIT = 10.0  # seconds any step of these tests may take at most
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = create_engine(f"sqlite:///{tmp_path / 'g.db'}", connect_args={"timeout": 5})
-
-    @event.listens_for(eng, "connect")
-    def _connect(dbapi: Any, _record: Any) -> None:
-        dbapi.isolation_level = None
-        dbapi.execute("PRAGMA journal_mode=WAL")
-        dbapi.execute("PRAGMA foreign_keys=ON")
-
-    with eng.connect() as conn:
-        conn.exec_driver_sql("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
-        conn.exec_driver_sql(
-            "CREATE TABLE child (id INTEGER PRIMARY KEY, parent INTEGER "
-            "REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
-        )
-        conn.commit()
-    yield eng
-    eng.dispose()
 
 
 def _begin(conn: Connection) -> None:
