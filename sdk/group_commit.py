@@ -54,10 +54,10 @@ from sqlalchemy import Connection
 from .batch_job import Job, busy, busy_timeout
 from .driver_errors import is_driver_error, one_line
 from .errors import StoreError
+from .sqlite_session import BUSY_TIMEOUT_MS
 
 MAX_GROUP = 32  # bodies per COMMIT at most: the first one's answer waits for the last
 COMMIT_WAIT = 120.0  # seconds a caller waits for its group's COMMIT before giving up
-BUSY_TIMEOUT_MS = 30000  # as ``sqlite_session.sqlite_connect`` sets it
 
 
 class _Group:
@@ -255,7 +255,8 @@ class GroupCommit:
         finally:
             self._lock.release()
         for job in batch:
-            job.resolve()
+            with suppress(Exception):  # one caller's failure to be told leaves the others told
+                job.resolve()
         return True
 
     def _open_hasty(self) -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+BUSY_TIMEOUT_MS = 30000  # how long a writer waits for the write lock (a batch on the loop: 0)
+
 
 def begin_immediate(conn: Connection) -> None:
     """``BEGIN IMMEDIATE`` sent by the driver, in a transaction SQLAlchemy knows of (its
@@ -25,7 +27,7 @@ def sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # decisions take the write lock at BEGIN (IMMEDIATE), not at their first write.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     # Switching a fresh file to WAL needs a moment alone with it, and SQLite may refuse at once
     # (no busy handler) while another process is doing the same: try again, briefly.
     for attempt in range(100):

@@ -17,6 +17,14 @@ from sqlalchemy import Engine, create_engine, event
 from ctrlrun.store import StateStore, open_store
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+# One allowed action, a new effect key per call: what the store tests write with.
+WRITE_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  bench.write:
+    effect: "w:{n}"
+    decision: allow
+"""
 PG_SKIP = "PostgreSQL is not answering on 127.0.0.1:5432 (user postgres, database test)"
 
 

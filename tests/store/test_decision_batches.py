@@ -78,6 +78,15 @@ def _warm(gc: GroupCommit) -> None:
         conn.exec_driver_sql("SELECT 1")
 
 
+def _decide(gc: GroupCommit, batch: list[Job], where: str, r: Results) -> None:
+    """Run ``batch`` as one batch, ``here`` or on the decision thread, and wait for it."""
+    if where == "here":
+        assert gc.run_here(batch)
+    else:
+        _submit_together(gc, batch)
+        assert r.answered.wait(WAIT)
+
+
 def _submit_together(gc: GroupCommit, batch: list[Job]) -> None:
     """Submit ``batch`` while a transaction holds the lock: the decision thread, waiting for
     it, takes every job queued meanwhile into one batch (and joins that transaction's group,
@@ -130,11 +139,7 @@ def test_a_failed_batch_commit_fails_every_decision_in_it_and_keeps_nothing(
     r = Results(gc)
     # The last job's row breaks a deferred constraint: the batch's COMMIT itself fails.
     batch = [r.job("a", "parent", 1), r.job("b", "parent", 2), r.job("c", "child", 1, 99)]
-    if where == "here":
-        assert gc.run_here(batch)
-    else:
-        _submit_together(gc, batch)
-        assert r.answered.wait(WAIT)
+    _decide(gc, batch, where, r)
     assert set(r.told) == {"a", "b", "c"}
     assert all(isinstance(e, StoreError) for e in r.told.values()), r.told
     assert _rows(engine, "parent") == [] and _rows(engine, "child") == []
@@ -165,11 +170,7 @@ def test_each_decision_is_told_its_result_only_after_the_batch_commit(
 
     r._tell = seen  # type: ignore[method-assign]
     batch = [r.job(str(n), "parent", n) for n in range(1, 5)]
-    if where == "here":
-        assert gc.run_here(batch)
-    else:
-        _submit_together(gc, batch)
-        assert r.answered.wait(WAIT)
+    _decide(gc, batch, where, r)
     assert visible == {str(n): [1, 2, 3, 4] for n in range(1, 5)}
     gc.close()
 

@@ -10,15 +10,8 @@ from sqlalchemy import inspect, text
 from ctrlrun import Control, Policy, context, protect
 from ctrlrun.store import HEAD_REVISION, open_store
 
+from .conftest import WRITE_POLICY
 from .test_conformance import migrate_to, raw_engine
-
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.write:
-    effect: "w:{n}"
-    decision: allow
-"""
 
 
 def event_indexes(url: str) -> set[str]:
@@ -47,7 +40,7 @@ def test_an_upgraded_ledger_drops_it_and_keeps_its_events(store_url: str) -> Non
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == (
                 HEAD_REVISION
             )
-        control = Control(Policy.from_yaml(POLICY), store)
+        control = Control(Policy.from_yaml(WRITE_POLICY), store)
         write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
         with context(agent="bench"):
             assert write(1) == 1
@@ -69,7 +62,7 @@ def test_a_protected_call_writes_fewer_log_pages(tmp_path: Path) -> None:
     """Each commit writes every page it dirtied into the WAL: count the frames of 200 calls."""
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:
-        control = Control(Policy.from_yaml(POLICY), store)
+        control = Control(Policy.from_yaml(WRITE_POLICY), store)
         write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
         with context(agent="bench"):
             for n in range(300):  # past the tables' first pages

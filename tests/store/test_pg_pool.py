@@ -15,15 +15,7 @@ from sqlalchemy import Connection, text
 from ctrlrun import Control, Policy, context, protect
 from ctrlrun.store import PostgresStateStore, open_store
 
-from .conftest import PG_ADMIN
-
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.write:
-    effect: "w:{n}"
-    decision: allow
-"""
+from .conftest import PG_ADMIN, WRITE_POLICY
 
 
 @pytest.fixture
@@ -80,7 +72,7 @@ def test_no_ping_for_connections_in_use_a_ping_after_idling(store: PostgresState
 def test_every_call_goes_through_after_the_server_killed_the_pool(
     store: PostgresStateStore, pg_database: str
 ) -> None:
-    control = Control(Policy.from_yaml(POLICY), store)
+    control = Control(Policy.from_yaml(WRITE_POLICY), store)
     write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
     outcomes = []
     with context(agent="bench"):

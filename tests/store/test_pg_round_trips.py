@@ -16,13 +16,8 @@ from ctrlrun import Control, DuplicateEffect, Policy, Principal, context, protec
 from ctrlrun.receipts import verify_chain
 from ctrlrun.store import StateStore, open_store
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.write:
-    effect: "w:{n}"
-    decision: allow
-"""
+from .conftest import WRITE_POLICY
+
 TYPES = [
     "ACTION_PROPOSED",
     "POLICY_EVALUATED",
@@ -57,7 +52,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_protected_call_is_two_statements_per_transaction(
     pg: StateStore, statements: list[str]
 ) -> None:
-    control = Control(Policy.from_yaml(POLICY), pg)
+    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
     write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
     with context(agent="bench"):
         write(0)  # the freeze table is read once, then cached
@@ -71,7 +66,7 @@ def test_the_ledger_is_the_same_as_statement_by_statement(pg: StateStore, tmp_pa
     sqlite = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:
         for store in (pg, sqlite):
-            control = Control(Policy.from_yaml(POLICY), store)
+            control = Control(Policy.from_yaml(WRITE_POLICY), store)
             write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
             with context(agent="bench"):
                 for n in range(3):
@@ -110,7 +105,7 @@ def test_the_ledger_is_the_same_as_statement_by_statement(pg: StateStore, tmp_pa
 
 
 def test_a_record_that_moved_while_executing_is_recorded_ambiguous(pg: StateStore) -> None:
-    control = Control(Policy.from_yaml(POLICY), pg)
+    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
     action = control.action("bench.write", {"n": 7}, Principal("bench"))
     attempt = control.begin(action, "w:7")
     with pg.transaction() as conn:  # a contender found the lease expired
