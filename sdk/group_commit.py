@@ -85,6 +85,9 @@ class GroupCommit:
     ):
         self._connect, self._begin = connect, begin
         self.where = where  # starts the message of a group's failure (as map_driver_errors)
+        # Whether nothing but the lock could make a batch wait (the store's own checks):
+        # otherwise ``run_here`` leaves the batch to the decision thread.
+        self.here_ok: Callable[[], bool] = lambda: True
         self._lock = threading.Lock()  # held while a body runs, and while a group commits
         self._queued = 0  # callers waiting for the lock (they will join the open group)
         self._count = threading.Lock()
@@ -238,7 +241,7 @@ class GroupCommit:
         before. False: nothing ran; ``submit`` them. An event loop decides this way without a
         thread hop; checkpoints, other processes' writers and other threads make it wait on
         the decision thread instead, never on the loop."""
-        if self._conn is None or not self._lock.acquire(blocking=False):
+        if self._conn is None or not self.here_ok() or not self._lock.acquire(blocking=False):
             return False
         try:
             if self._group is None and not self._open_hasty():

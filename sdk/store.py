@@ -261,6 +261,11 @@ class SQLiteStateStore(StateStore):
             self.close()
             raise
 
+    def _undisturbed(self) -> bool:
+        """Whether a batch may run on the loop: the ledger's files are still its own. A lost
+        one is copied aside (a read of the whole file) on the decision thread instead."""
+        return self._lost is None and self._watch.problem() is None
+
     def _watch_files(self, *, new: bool, mark: bool) -> None:
         ident.check_identity(self.path, self.ledger_id, new=new)
         # A connection held for the store's life keeps the file and WAL open (one inode each,
@@ -268,6 +273,7 @@ class SQLiteStateStore(StateStore):
         self._anchor = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         self._anchor.execute("SELECT count(*) FROM ledger_identity").fetchone()
         self._watch = ident.FileWatch.open(self.path)
+        self._writers.here_ok = self._undisturbed
         if mark and self.ledger_id is not None:
             ident.write_marker(self.path, self.ledger_id)
 

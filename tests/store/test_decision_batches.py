@@ -331,3 +331,38 @@ def test_a_closed_loop_and_its_decisions_are_not_kept(tmp_path: Path) -> None:
     gc.collect()
     assert gone() is None and len(decisions._wakers) <= before
     ctl.store.close()
+
+
+def test_a_replaced_ledger_is_saved_aside_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Saving a lost ledger's copy reads the whole file: never on the loop, where every
+    # request (reads too) would wait for it. The decision is refused all the same.
+    from ctrlrun import identity
+
+    ctl = _control(tmp_path)
+    ctl.store.write(lambda conn: None)
+    where: list[bool] = []
+    real = identity.rescue
+
+    def rescue(anchor: Any, path: Path) -> Path | None:
+        where.append(threading.get_ident() == loop_thread)
+        return real(anchor, path)
+
+    monkeypatch.setattr(identity, "rescue", rescue)
+    path = tmp_path / "state.db"
+    path.rename(tmp_path / "moved.db")
+    path.write_bytes(b"")  # another file under the ledger's name
+
+    async def main() -> BaseException | None:
+        try:
+            await decide(ctl.store, ctl.begin, _action(ctl, 1), "pay:1")
+        except BaseException as exc:
+            return exc
+        return None
+
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    refused = asyncio.run(main())
+    assert isinstance(refused, StoreError), refused
+    assert where == [False]
+    ctl.store.close()
