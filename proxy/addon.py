@@ -27,6 +27,7 @@ from .gate import Asked, Gate, Passage
 from .guard import Guard
 from .handled import Handled
 from .mcp_gate import McpGate, internal_error
+from .mcp_sessions import HEADER
 from .principal import Principals
 from .refusals import Refusal
 from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, WRITE_HEADER_BYTES
@@ -115,6 +116,19 @@ class CtrlrunAddon:
         # ``response`` records it before any of it reaches the agent.
         if flow.response is not None and RELAY not in flow.metadata:
             flow.response.stream = True
+        decision = flow.metadata.get(METADATA)
+        if flow.response is not None and isinstance(decision, dict) and decision.get("mcp"):
+            # Before the agent reads the answer: the session it assigns is known when the
+            # agent's DELETE of it arrives (``mcp_sessions``).
+            req, res = flow.request, flow.response
+            self.mcp.sessions.answered(
+                decision["upstream"],
+                req.method.upper(),
+                req.path.split("?", 1)[0],
+                res.status_code,
+                asked=req.headers.get(HEADER),
+                given=res.headers.get(HEADER),
+            )
 
     async def response(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(RELAY)

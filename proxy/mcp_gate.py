@@ -1,7 +1,8 @@
 """Requests to an MCP upstream (Streamable HTTP): only ``tools/call`` is decided.
 
 Every request that carries no ``tools/call`` passes through untouched and streamed (GET
-streams, ``initialize``, ``tools/list``, notifications, responses, pings, session DELETEs).
+streams, ``initialize``, ``tools/list``, notifications, responses, pings), and so does a
+session's DELETE, when it names a session the server assigned on its path (``mcp_sessions``).
 A POST that does carry one is read strictly (``mcp_messages``); what ctrlrun cannot read with
 certainty is answered with a JSON-RPC error and nothing is forwarded. Each call goes through
 the kernel (``mcp_call``); a batch is split, each of its messages forwarded as its own POST
@@ -36,11 +37,11 @@ from .mcp_messages import (
     tool_call,
     tool_error,
 )
+from .mcp_sessions import HEADER, Sessions, header
 from .refusals import Refusal
 from .route_values import MAX_BODY, READ_METHODS, PassThrough, Request, overridden
 
 log = logging.getLogger(__name__)
-PASSING_METHODS = READ_METHODS | {"DELETE"}  # DELETE ends a session (it carries no message)
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,10 @@ class McpHandled:
 class McpGate:
     """Decides the tool calls in requests to MCP upstreams; see the module docstring."""
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, sessions: Sessions | None = None) -> None:
         self.guard = guard
         self.calls = CallGuard(guard)
+        self.sessions = sessions if sessions is not None else Sessions()
 
     async def handle(
         self,
@@ -75,13 +77,16 @@ class McpGate:
         if "upgrade" in request.headers or overridden(request.headers, request.query):
             # The server may honour either and run what ctrlrun did not read as a message.
             return _protocol(ProtocolError(-32600, "ctrlrun relays no Upgrade or method override"))
+        if request.method == "DELETE":
+            # MCP's DELETE ends a session the server assigned there; any other may be another
+            # API's write on the same host.
+            refusal = self.sessions.refusal(up.name, request)
+            if refusal is not None:
+                return _protocol(ProtocolError(-32600, refusal))
+            return PassThrough("the end of a session the server assigned")
         if request.method != "POST":
-            session_end = request.method != "DELETE" or "mcp-session-id" in request.headers
-            if request.method in PASSING_METHODS and not request.body and session_end:
+            if request.method in READ_METHODS and not request.body:
                 return PassThrough(f"{request.method} carries no MCP message")
-            if request.method == "DELETE":
-                # MCP's DELETE ends the session it names; any other is another API's write.
-                return _protocol(ProtocolError(-32600, "a DELETE that names no Mcp-Session-Id"))
             return _protocol(ProtocolError(-32600, f"ctrlrun relays no {method} with a body"))
         try:
             if len(request.body) > MAX_BODY:
@@ -117,6 +122,7 @@ class McpGate:
         settled = await self.calls.call(up, request, call, request.body, target, headers, principal)
         if settled.reply is not None:
             got = settled.reply
+            self.saw(up, request, got)
             return McpHandled(got.status or 502, got.headers, got.body, (settled.decision,))
         assert settled.refusal is not None
         answer = tool_error(call.request_id, tool_text(settled.refusal), _meta(settled))
@@ -145,10 +151,13 @@ class McpGate:
             body = encode(message)
             if call is None:
                 reply = await self._relay(up, target, headers, body)
+                self.saw(up, request, reply)
                 answers.extend(_answers_to(message, reply))
                 continue
             settled = await self.calls.call(up, request, call, body, target, headers, principal)
             decisions.append(settled.decision)
+            if settled.reply is not None:
+                self.saw(up, request, settled.reply)
             if settled.response is not None:
                 answers.append(settled.response)
             else:
@@ -164,6 +173,11 @@ class McpGate:
     ) -> Forwarded:
         """A batch's other message, forwarded alone as it would have been inside the batch."""
         return await self.guard.forwarder.send(up, "POST", target, forward_headers(headers), body)
+
+    def saw(self, up: Upstream, request: Request, reply: Forwarded) -> None:
+        """A POST ctrlrun forwarded itself was answered: learn the session it may name."""
+        given = header(reply.headers, HEADER)
+        self.sessions.answered(up.name, "POST", request.path, reply.status, asked=None, given=given)
 
 
 def _answers_to(message: Mapping[str, Any], reply: Forwarded) -> list[Any]:

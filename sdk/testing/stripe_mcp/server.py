@@ -60,6 +60,7 @@ class FakeStripeMcp:
         self.host = host
         self.hang_seconds = hang_seconds
         self.received: list[bytes] = []  # every POST body, as it arrived
+        self.requests: list[tuple[str, str]] = []  # every request's method and path
         self._lock = threading.Lock()
         self._failures: list[McpFailure] = []
         self._port = 0
@@ -133,6 +134,8 @@ class FakeStripeMcp:
 
     def _asgi(self, app: ASGIApp) -> ASGIApp:
         async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                self.requests.append((scope["method"], scope["path"]))
             if scope["type"] != "http" or scope["method"] != "POST":
                 return await app(scope, receive, send)
             body = await _read_body(receive)
