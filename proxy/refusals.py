@@ -42,6 +42,7 @@ from ctrlrun.errors import (
     InvalidArgument,
     MissingDependency,
     NotExecuted,
+    OutcomeUnknown,
     PolicyError,
     SchemaMismatch,
     StoreError,
@@ -115,6 +116,7 @@ REFUSALS: dict[type[BaseException], Row] = {
     NoLedger: _fixed("unavailable", "store_unavailable"),
     LedgerLost: _fixed("unavailable", "store_unavailable"),
     ConnectionLost: _fixed("unavailable", "store_unavailable"),
+    OutcomeUnknown: _fixed("unavailable", "store_unavailable"),
     # Never raised on the protected path: if one is, it is a bug, and the request is refused.
     NotAmbiguous: _fixed("unavailable", "internal_error"),
     PolicyError: _fixed("unavailable", "internal_error"),

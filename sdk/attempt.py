@@ -69,8 +69,10 @@ def attempt_receipt(
     approval_id: str | None = None,
     event_pos: int | None = None,
     chain: tuple[int, str] | None = None,
+    commit: bool = False,
 ) -> Receipt:
-    """Write the receipt of ``attempt`` (in the caller's transaction)."""
+    """Write the receipt of ``attempt`` (in the caller's transaction; ``commit``: its last
+    write, ``ledger.store_receipt``)."""
     action = attempt.action
     fields: dict[str, Any] = {
         "action_id": action.action_id,
@@ -98,7 +100,7 @@ def attempt_receipt(
     if result == "observed":
         fields["execution"] = execution
         fields["would_have"] = None if attempt.would_have is None else dict(attempt.would_have)
-    return write_receipt(conn, fields, event_pos=event_pos, chain=chain)
+    return write_receipt(conn, fields, event_pos=event_pos, chain=chain, commit=commit)
 
 
 def decided(
@@ -130,10 +132,12 @@ def record_outcome(
     now: datetime,
     *,
     observe: bool,
+    last: bool = False,
 ) -> tuple[Receipt, str]:
     """Move the attempt's record to its outcome, with its event and receipt (in the caller's
     transaction); returns the receipt and the outcome recorded. Runs again whole on a retried
-    transaction, so it changes nothing but the ledger."""
+    transaction, so it changes nothing but the ledger. ``last``: the caller writes nothing
+    after it (on PostgreSQL the usual case then sends its COMMIT with the receipt)."""
     action, key = attempt.action, attempt.effect_key
     observed = attempt.would_have is not None or observe
     if attempt.held and key is not None:
@@ -142,7 +146,7 @@ def record_outcome(
         if outcome == "committed":
             values["committed_at"] = stamp(now)
         if conn.dialect.name == "postgresql" and (outcome != "failed" or attempt.budget is None):
-            done = _in_one_trip(conn, attempt, outcome, error, now, values, observed)
+            done = _in_one_trip(conn, attempt, outcome, error, now, values, observed, last)
             if done is not None:  # the usual case
                 return done, outcome
         moved = ledger.move_effect(
@@ -179,9 +183,11 @@ def _in_one_trip(
     now: datetime,
     values: dict[str, Any],
     observed: bool,
+    last: bool,
 ) -> Receipt | None:
     """PostgreSQL: the move, its event and the chain's next number in one statement, then
-    the receipt and the head in another; None when the record had moved (nothing written)."""
+    the receipt and the head in another (with the COMMIT when ``last``); None when the
+    record had moved (nothing written)."""
     action, key = attempt.action, attempt.effect_key
     assert key is not None
     data = {"error": error} if outcome != "committed" else None
@@ -192,6 +198,7 @@ def _in_one_trip(
         return None
     seq, prev, pos = done
     result = "observed" if observed else outcome
+    chain = (seq, prev)
     return attempt_receipt(
-        conn, attempt, result, outcome, now, error=error, event_pos=pos, chain=(seq, prev)
+        conn, attempt, result, outcome, now, error=error, event_pos=pos, chain=chain, commit=last
     )

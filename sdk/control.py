@@ -206,7 +206,9 @@ class Control:
         """Record the outcome of an attempt and write its receipt."""
         now, observe = self.clock(), self.policy.mode == "observe"
         receipt, recorded = self.store.write(
-            lambda conn: record_outcome(conn, attempt, outcome, error, now, observe=observe)
+            lambda conn: record_outcome(
+                conn, attempt, outcome, error, now, observe=observe, last=True
+            )
         )
         action, key = attempt.action, attempt.effect_key
         extra = decided(attempt, recorded, None, receipt.receipt_id)

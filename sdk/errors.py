@@ -206,6 +206,12 @@ class StoreError(CTRLRunError):
     """The ledger could not be read or written."""
 
 
+class OutcomeUnknown(StoreError):
+    """The connection was lost after a COMMIT was sent: what it wrote may be recorded or not.
+    Never run again blind (a second run would record over the first); the record stays as
+    the ledger has it, under its lease until then."""
+
+
 class SchemaMismatch(StoreError):
     """The ledger's schema is newer than this code, or not a ctrlrun schema at all."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, insert, select, update
 
 from .action import parse_iso
-from .errors import StoreError
+from .errors import OutcomeUnknown, StoreError
 from .events import EventType
 from .schema import GENESIS_HASH, approval_votes, approvals, receipt_chain
 from .schema import effects as E
@@ -76,6 +77,20 @@ def _run(conn: Connection, name_or_sql: str, params: Any = None) -> Any:
     cur = raw.cursor()
     cur.execute(sql, params or {})
     return cur
+
+
+def _run_committing(conn: Connection, name: str, params: Mapping[str, Any]) -> None:
+    """PostgreSQL: a hot statement and then ``COMMIT``, in one round trip (one simple query,
+    its parameters bound on this side); the caller's commit then finds nothing left to do.
+    A connection lost on the way may have committed: ``OutcomeUnknown``, never run again."""
+    raw: Any = conn.connection.dbapi_connection
+    client = sys.modules["psycopg"].ClientCursor  # loaded: this is a psycopg connection
+    try:
+        client(raw).execute(_sql("postgresql", _HOT[name]) + "; COMMIT", params)
+    except Exception as exc:
+        if raw.broken or raw.closed:
+            raise OutcomeUnknown(f"the connection was lost with the COMMIT sent: {exc}") from exc
+        raise
 
 
 @functools.cache
@@ -273,12 +288,19 @@ def advance_chain(conn: Connection) -> tuple[int, str]:
 
 
 def store_receipt(
-    conn: Connection, doc: Mapping[str, Any], body: str, digest: str, event_pos: int | None = None
+    conn: Connection,
+    doc: Mapping[str, Any],
+    body: str,
+    digest: str,
+    event_pos: int | None = None,
+    *,
+    commit: bool = False,
 ) -> None:
+    """``commit``: the transaction's last write; on PostgreSQL its COMMIT goes with it."""
     if event_pos is None:
         event_pos = _run(conn, "last_event").fetchone()[0]
     pg = conn.dialect.name == "postgresql"
-    _run(
+    (_run_committing if pg and commit else _run)(
         conn,
         "receipt_and_head" if pg else "insert_receipt",
         {

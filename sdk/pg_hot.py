@@ -6,6 +6,11 @@ moving a record to its outcome with its event and the receipt chain's next numbe
 data-modifying ``WITH`` each, whose later parts write only if the first one did (so a key
 that was taken, or a record that moved, leaves nothing written and the caller goes the
 statement-by-statement way).
+
+A protected call is then four round trips: the key and its events, alone, as a transaction
+of its own (no ``BEGIN``, no ``COMMIT``); ``BEGIN``; the outcome's move; the receipt and the
+chain's head with the ``COMMIT`` in the same query (``ledger._run_committing``). The
+outcome's receipt needs the chain position the move took, so it cannot go with the move.
 """
 
 from __future__ import annotations
@@ -19,17 +24,41 @@ from sqlalchemy import Connection
 from .ledger import _EVENT_COLUMNS, _events_sql, _insert_effect_sql, _move_effect_sql, _run
 from .states import EffectState, check_transition
 
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection
+
 
 def insert_effect_with_events(
-    conn: Connection, values: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+    conn: Connection,
+    values: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    alone: bool = False,
 ) -> bool:
     """PostgreSQL, one round trip: ``insert_effect``, and only if the key was free, ``rows``
-    (``event_row``s, at least one) appended. False: the key was taken, nothing written."""
+    (``event_row``s, at least one) appended. False: the key was taken, nothing written.
+
+    ``alone``: the caller writes nothing more when the key was free. If nothing was sent in
+    the transaction yet, the statement is then its own transaction (autocommit: no ``BEGIN``
+    and ``COMMIT`` round trips; one statement is atomic), and the caller's COMMIT finds
+    nothing to commit. When the key was taken, what the caller does next begins a new
+    transaction; under READ COMMITTED each statement reads afresh, so it reads what it would
+    have read in this one. A connection lost during the statement may have committed it: the
+    store's retry then finds the key taken by this reservation, under its lease, and refuses.
+    """
     check_transition(EffectState.NEW, EffectState(values["state"]))
     columns = tuple(sorted(values))
     params = {f"v_{c}": values[c] for c in columns}
     params.update({f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in _EVENT_COLUMNS})
-    return int(_run(conn, _reserve_sql(columns, len(rows)), params).rowcount) > 0
+    sql = _reserve_sql(columns, len(rows))
+    raw: Any = conn.connection.dbapi_connection
+    if not alone or raw.info.transaction_status != _IDLE:
+        return int(_run(conn, sql, params).rowcount) > 0
+    raw.autocommit = True
+    try:
+        return int(_run(conn, sql, params).rowcount) > 0
+    finally:
+        if raw.info.transaction_status == _IDLE:  # else broken: discarded
+            raw.autocommit = False
 
 
 @functools.cache

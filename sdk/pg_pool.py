@@ -39,6 +39,8 @@ def check_on_checkout(engine: Engine, *, idle_ping: float = IDLE_PING) -> None:
 
     @event.listens_for(engine, "checkout")
     def _out(dbapi: Any, record: Any, _proxy: Any) -> None:
+        if dbapi.autocommit:  # a statement run as its own transaction was cut short (pg_hot)
+            raise DisconnectionError("pooled connection left in autocommit")
         since = record.info.get(_IDLE_SINCE)
         stale = since is None or time.monotonic() - since > idle_ping
         if not stale and not has_input(dbapi):

@@ -45,12 +45,14 @@ def write_receipt(
     *,
     event_pos: int | None = None,
     chain: tuple[int, str] | None = None,
+    commit: bool = False,
 ) -> Receipt:
     """Append a receipt to the chain inside the caller's transaction.
 
     ``fields`` holds everything but ``schema``, ``receipt_id``, ``seq`` and ``prev_hash``;
     ``event_pos`` is the id of the event written just before it (looked up when not given);
     ``chain``: (seq, previous hash) when this transaction advanced the chain already.
+    ``commit``: the receipt is the transaction's last write (``ledger.store_receipt``).
     """
     seq, prev = chain or advance_chain(conn)
     doc = {"schema": RECEIPT_SCHEMA, "receipt_id": new_id("ctr"), **fields}
@@ -58,7 +60,7 @@ def write_receipt(
     doc["prev_hash"] = prev
     raw = canonical_bytes(doc, checked=True)
     digest = sha256(raw)
-    store_receipt(conn, doc, raw.decode("utf-8"), digest, event_pos)
+    store_receipt(conn, doc, raw.decode("utf-8"), digest, event_pos, commit=commit)
     return Receipt(doc, digest)
 
 

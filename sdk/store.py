@@ -92,10 +92,12 @@ class StateStore:
             try:
                 yield conn
             except BaseException as exc:
-                if not is_driver_error(exc) or not _broken(conn):
+                if not _broken(conn):
                     conn.rollback()
                     raise
                 conn.invalidate()
+                if not is_driver_error(exc):  # OutcomeUnknown: lost with its COMMIT sent
+                    raise
                 raise ConnectionLost(
                     f"ledger at {self.location}: the connection was lost before COMMIT "
                     f"(nothing was written): {one_line(exc)}"

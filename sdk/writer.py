@@ -115,7 +115,9 @@ def _insert(conn: Connection, write: InsertEffect, facts: Facts, plan: Plan) -> 
     """Take the key. On PostgreSQL a plan without a receipt also appends its events in the
     same statement (one round trip), only if the key was free."""
     if conn.dialect.name == "postgresql" and plan.receipt is None and plan.events:
-        return pg_hot.insert_effect_with_events(conn, write.values, _rows(facts, plan))
+        alone = len(plan.writes) == 1  # nothing more is written when the key was free
+        rows = _rows(facts, plan)
+        return pg_hot.insert_effect_with_events(conn, write.values, rows, alone=alone)
     return ledger.insert_effect(conn, write.values)
 
 

@@ -123,3 +123,18 @@ def test_a_failure_that_is_not_a_lost_connection_is_not_retried(
     with pytest.raises(Exception, match="no_such_table"):
         store.write(body)
     assert len(runs) == 1
+
+
+def test_a_connection_left_in_autocommit_is_never_handed_out(store: PostgresStateStore) -> None:
+    with store.transaction() as conn:
+        raw: Any = conn.connection.dbapi_connection
+        conn.execute(text("SELECT 1"))
+    raw.autocommit = True  # as a reservation run on its own, cut short, would leave it
+    with store.transaction() as conn:
+        fresh: Any = conn.connection.dbapi_connection
+        conn.execute(text("CREATE TABLE t (x int)"))
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+        conn.rollback()
+        assert fresh is not raw and not fresh.autocommit
+    with store.reading() as conn:  # the rollback undid both: they were one transaction
+        assert conn.execute(text("SELECT to_regclass('t')")).scalar() is None

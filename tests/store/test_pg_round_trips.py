@@ -1,18 +1,21 @@
-"""On PostgreSQL a protected call's two transactions take few round trips (the key and its
-events in one statement; the outcome, its event and the chain's next number in one; the
-receipt and the head in one), and leave the same ledger as the statement-by-statement path."""
+"""On PostgreSQL a protected call takes four round trips (the key and its events: one
+statement, its own transaction; the outcome, its event and the chain's next number in one
+after BEGIN; the receipt and the head with the COMMIT), and leaves the same ledger as the
+statement-by-statement path."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from sqlalchemy import text
+from psycopg import pq
+from sqlalchemy import event, text
 
 from ctrlrun import Control, DuplicateEffect, Policy, Principal, context, protect
+from ctrlrun.errors import OutcomeUnknown
 from ctrlrun.receipts import verify_chain
 from ctrlrun.store import StateStore, open_store
 
@@ -37,29 +40,109 @@ def pg(pg_database: str) -> Iterator[StateStore]:
 
 
 @pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    sent: list[str] = []
-    execute = psycopg.Cursor.execute
+def round_trips(pg: StateStore, tmp_path: Path) -> Iterator[Callable[[], list[list[str]]]]:
+    """What the store's connections send, one list per round trip (each ends at the server's
+    ReadyForQuery), each message as its statement's first word (``+COMMIT``: and a COMMIT in
+    the same query), from libpq's own trace of the wire."""
+    log = (tmp_path / "pq.trace").open("w")
+    traced: list[Any] = []
 
-    def counting(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
-        sent.append(str(query).split()[0])
-        return execute(self, query, *args, **kw)
+    def trace(dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if dbapi not in traced:
+            dbapi.pgconn.trace(log.fileno())
+            dbapi.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            traced.append(dbapi)
 
-    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
-    return sent
+    def read() -> list[list[str]]:
+        log.flush()
+        trips: list[list[str]] = [[]]
+        for line in (tmp_path / "pq.trace").read_text().splitlines():
+            if not line.startswith(("F\t", "B\t")):
+                continue  # a message's text that runs over lines
+            side, _size, kind, *rest = line.split("\t")
+            if side == "B" and kind == "ReadyForQuery":
+                trips.append([])
+            elif side == "F" and kind in ("Query", "Parse"):
+                sql = rest[0].strip().split('" "', 1)[-1] if kind == "Parse" else rest[0]
+                word = sql.strip(' "').split()[0]
+                trips[-1].append(
+                    word + ("+COMMIT" if sql.rstrip('" ').endswith("; COMMIT") else "")
+                )
+        return [t for t in trips if t]
+
+    event.listen(pg.engine, "checkout", trace)
+    try:
+        yield read
+    finally:
+        event.remove(pg.engine, "checkout", trace)
+        for dbapi in traced:
+            if not dbapi.closed:
+                dbapi.pgconn.untrace()
+        log.close()
 
 
-def test_a_protected_call_is_two_statements_per_transaction(
-    pg: StateStore, statements: list[str]
+def test_a_protected_call_is_four_round_trips(
+    pg: StateStore, round_trips: Callable[[], list[list[str]]]
 ) -> None:
     control = Control(Policy.from_yaml(WRITE_POLICY), pg)
     write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
     with context(agent="bench"):
         write(0)  # the freeze table is read once, then cached
-        statements.clear()
+        done = len(round_trips())
         assert write(1) == 1
-    # BEGIN and COMMIT are the driver's own; these are the statements between them.
-    assert statements == ["WITH", "WITH", "WITH"], statements
+    # The key and its events: one statement, its own transaction (no BEGIN, no COMMIT).
+    # The outcome: BEGIN, the move with its event and the chain's next number, then the
+    # receipt and the head with the COMMIT.
+    assert round_trips()[done:] == [["WITH"], ["BEGIN"], ["WITH"], ["WITH+COMMIT"]]
+    with pg.reading() as conn:
+        assert verify_chain(conn).ok
+        assert conn.execute(
+            text("SELECT state FROM effects WHERE effect_key = 'w:1'")
+        ).scalar() == ("committed")
+
+
+def test_a_key_taken_reads_the_record_in_a_transaction_of_its_own(
+    pg: StateStore, round_trips: Callable[[], list[list[str]]]
+) -> None:
+    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
+    write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
+    with context(agent="bench"):
+        write(1)
+        done = len(round_trips())
+        with pytest.raises(DuplicateEffect):
+            write(1)
+    trips = round_trips()[done:]
+    # The insert found the key taken and wrote nothing, on its own; the refusal is read and
+    # written in one transaction that begins after it.
+    assert trips[0] == ["WITH"] and trips[1] == ["BEGIN"] and trips[-1] == ["COMMIT"], trips
+
+
+def test_a_connection_lost_with_the_commit_sent_is_never_run_again(pg: StateStore) -> None:
+    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
+    action = control.action("bench.write", {"n": 7}, Principal("bench"))
+    attempt = control.begin(action, "w:7")
+    with pg.transaction() as conn:  # the first receipt's insert ends its own session
+        conn.execute(text(KILL_ONCE))
+    with pytest.raises(OutcomeUnknown, match="COMMIT sent"):
+        control.finish(attempt, "committed")
+    with pg.reading() as conn:
+        # Killed before its COMMIT ran, and not run again blind on a new connection (that
+        # could record a second outcome over a first one that did commit).
+        assert conn.execute(text("SELECT last_value FROM kills")).scalar() == 1
+        state = conn.execute(text("SELECT state FROM effects WHERE effect_key = 'w:7'")).scalar()
+        assert state == "executing"  # under its lease; the sweep finds it ambiguous after
+        assert conn.execute(text("SELECT count(*) FROM receipts")).scalar() == 0
+
+
+KILL_ONCE = """
+CREATE SEQUENCE kills;
+CREATE FUNCTION kill_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('kills') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER kill_once BEFORE INSERT ON receipts FOR EACH ROW EXECUTE FUNCTION kill_once();
+"""
 
 
 def test_the_ledger_is_the_same_as_statement_by_statement(pg: StateStore, tmp_path: Any) -> None:
