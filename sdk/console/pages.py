@@ -97,10 +97,16 @@ def ambiguous(rows: Sequence[Unsettled], csrf: str) -> str:
 
 
 def receipts(rows: Sequence[Receipt], report: ChainReport) -> str:
+    walked = (
+        ""
+        if report.first_seq == 1
+        else f" (the newest, from seq {report.first_seq}: <code>ctrlrun receipts "
+        "--verify-chain</code> walks them all)"
+    )
     if report.ok:
         status = (
-            f'<p id="chain" class="ok">Chain intact: {report.verified} receipts, head seq '
-            f"{report.head_seq}.</p>"
+            f'<p id="chain" class="ok">Chain intact: {report.verified} receipts{walked}, head '
+            f"seq {report.head_seq}.</p>"
         )
     else:
         breaks = "".join(
@@ -109,7 +115,8 @@ def receipts(rows: Sequence[Receipt], report: ChainReport) -> str:
         )
         status = (
             f'<p id="chain" class="bad">Chain broken: {len(report.breaks)} breaks in '
-            f"{report.verified} receipts (run <code>ctrlrun doctor</code>).</p><ul>{breaks}</ul>"
+            f"{report.verified} receipts{walked} (run <code>ctrlrun doctor</code>).</p>"
+            f"<ul>{breaks}</ul>"
         )
     cells = []
     for r in rows:

@@ -32,7 +32,7 @@ from sqlalchemy import select
 
 import ctrlrun
 from ctrlrun import ledger as L
-from ctrlrun.console import ConsoleSettings, build
+from ctrlrun.console import ConsoleSettings, board, build
 from ctrlrun.errors import InvalidArgument, PolicyError
 from ctrlrun.freeze import list_freezes
 from ctrlrun.receipts import load_receipts
@@ -294,6 +294,17 @@ def test_receipts_page_shows_the_chain(lg: Ledger) -> None:
         page = c.get("/receipts").text
         assert 'id="receipts"' in page and "Chain intact: 1 receipts" in page
         assert "push:3" in page and "ops.push" in page
+
+
+def test_receipts_page_walks_only_the_newest(lg: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    lg.make_ambiguous(3)
+    lg.make_ambiguous(4)
+    monkeypatch.setattr(board, "CHAIN_WALK", 1)  # the page's time must not grow with the ledger
+    with running(lg) as server, client(server) as c:
+        login(c)
+        page = c.get("/receipts").text
+    assert "Chain intact: 1 receipts (the newest, from seq 2" in page
+    assert "ctrlrun receipts --verify-chain</code> walks them all" in page
 
 
 def test_values_are_escaped(tmp_path: Path) -> None:

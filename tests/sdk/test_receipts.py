@@ -169,6 +169,57 @@ def test_verify_chain_names_the_break(
     assert "chain intact" not in broken.out
 
 
+def _new_hash_for_second(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE receipts SET hash = 'sha256:' || hex(zeroblob(32)) WHERE seq = 2")
+
+
+def _delete_second(db: sqlite3.Connection) -> None:
+    db.execute("DELETE FROM receipts WHERE seq = 2")
+
+
+def test_a_walk_of_the_newest_counts_from_the_head(
+    control: Control, store: SQLiteStateStore
+) -> None:
+    fill(control)
+    with store.reading() as conn:
+        newest = verify_chain(conn, newest=3)
+        assert newest.ok and (newest.verified, newest.first_seq, newest.head_seq) == (3, 3, 5)
+        for walk in (5, 50):
+            whole = verify_chain(conn, newest=walk)
+            assert whole.ok and (whole.verified, whole.first_seq) == (5, 1)
+
+
+# (id, tamper, what a walk of the newest three (seq 3 to 5) must name; None: nothing)
+NEWEST_THREE: list[tuple[str, Callable[[sqlite3.Connection], None], tuple[str, int] | None]] = [
+    ("older_altered", _alter_value, None),
+    ("altered_inside", _alter_to_bad_json, ("unreadable", 4)),
+    ("deleted_first_inside", _delete_middle, ("missing", 3)),
+    ("deleted_last", _delete_last, ("head_mismatch", 5)),
+    ("link_into_the_walk", _new_hash_for_second, ("link_broken", 3)),
+    ("deleted_before_the_walk", _delete_second, ("missing", 2)),
+]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "found"), [t[1:] for t in NEWEST_THREE], ids=[t[0] for t in NEWEST_THREE]
+)
+def test_a_walk_of_the_newest_checks_them_and_their_link_to_the_one_before(
+    control: Control,
+    store: SQLiteStateStore,
+    db_path: Path,
+    tamper: Callable[[sqlite3.Connection], None],
+    found: tuple[str, int] | None,
+) -> None:
+    fill(control)
+    with sqlite3.connect(db_path) as db:
+        tamper(db)
+    with store.reading() as conn:
+        newest = verify_chain(conn, newest=3)
+        assert not verify_chain(conn).ok  # the whole walk finds every one of them
+    names = {(b.name, b.seq) for b in newest.breaks}
+    assert names == set() if found is None else found in names, newest.breaks
+
+
 def test_reordering_named_as_such(control: Control, store: SQLiteStateStore, db_path: Path) -> None:
     fill(control)
     with sqlite3.connect(db_path) as db:
