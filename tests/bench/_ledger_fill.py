@@ -42,7 +42,7 @@ from ctrlrun.schema import GENESIS_HASH, events, receipts
 from ctrlrun.schema import effects as effects_table
 from ctrlrun.store import HEAD_REVISION, PostgresStateStore
 
-FILL_FORMAT = 1  # bump whenever the generated rows change: cached files are then rebuilt
+FILL_FORMAT = 2  # bump whenever the generated rows change: cached files are then rebuilt
 BATCH = 50_000  # effects per transaction
 BASE_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z; effect i starts 30 ms after effect i-1
 STEP_MS = 30
@@ -187,8 +187,21 @@ def _insert_sql(table: Table, dialect: Dialect) -> str:
     return str(compiled)
 
 
-# The order generate() writes each row's values in: every column of the table, in order.
-COLUMNS = {t.name: [c.name for c in t.columns] for t in (effects_table, events, receipts)}
+# The order generate() writes each row's values in. Spelled out, not read from the schema:
+# a column added to a table must fail the fill here, by name, until generate() writes it.
+COLUMNS = {
+    "effects": [
+        *("effect_key", "state", "action_id", "attempt", "lease_expires_at", "action_name"),
+        *("action_json", "idempotency_key", "upstream", "result_json", "error", "resolved_by"),
+        *("created_at", "updated_at", "attempt_started_at", "committed_at"),
+        *("next_check_at", "checks", "check_answer", "check_attempt"),
+    ],
+    "events": ["event_id", "ts", "type", "action_id", "effect_key", "approval_id", "data_json"],
+    "receipts": [
+        *("receipt_id", "action_id", "effect_key", "result", "json", "ts", "seq"),
+        *("prev_hash", "hash", "event_pos", "action"),
+    ],
+}
 Row = tuple[Any, ...]
 
 
@@ -331,6 +344,8 @@ def generate(size: int, *, seed: int = 20250101) -> Iterator[Batch]:
                 None,
                 (ts1 if outcome == "committed" else None),
             )
+            # next_check_at, checks, check_answer, check_attempt (revision 0004): never asked
+            checks: tuple[str | None, int | None, str | None, int | None] = (None,) * 4
             if ambiguous or resolved:  # a sweep a minute later asks the remote
                 ts2 = clock.iso(t0 + 60_000)
                 answer = "committed" if resolved else "unknown"
@@ -338,6 +353,9 @@ def generate(size: int, *, seed: int = 20250101) -> Iterator[Batch]:
                     (ts2, "RECONCILIATION_STARTED", dumps({"effect_key": key, "trigger": "sweep"}))
                 )
                 steps.append((ts2, "RECONCILIATION_RESOLVED", dumps({"outcome": answer})))
+                # Asked once; an ambiguous one is asked again two minutes after the first ask.
+                due = None if resolved else clock.iso(t0 + 180_000)
+                checks = (due, 1, answer, 1)
                 if resolved:
                     steps.append(
                         (
@@ -369,6 +387,7 @@ def generate(size: int, *, seed: int = 20250101) -> Iterator[Batch]:
                     updated,
                     ts0,
                     committed_at,
+                    *checks,
                 )
             )
         yield Batch(eff, evs, rcs, (seq, prev), n_amb)
