@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,11 @@ class Checkpointer:
     frames left are copied with writers held back for that moment, and writers then reuse the
     WAL's first pages in place. A process that never writes (the CLI reading) keeps SQLite's
     default.
+
+    ``problem`` (the store's ``FileWatch.problem``) is asked before every checkpoint: a file
+    that is no longer the ledger this process opened (truncated, replaced, its WAL removed)
+    is never checkpointed into. A checkpoint into a truncated file would write the logged
+    pages back at their offsets, and the file would no longer look truncated.
     """
 
     INTERVAL = 0.05
@@ -30,8 +36,9 @@ class Checkpointer:
     # How long a restart may wait for readers still on the log (it holds writers meanwhile).
     RESTART_WAIT = 0.1
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, problem: Callable[[], str | None] | None = None) -> None:
         self.path = path
+        self._problem = problem or (lambda: None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctrlrun-checkpoint", daemon=True)
         self._thread.start()
@@ -40,15 +47,24 @@ class Checkpointer:
         conn = sqlite3.connect(self.path, timeout=self.RESTART_WAIT, isolation_level=None)
         try:
             while not self._stop.wait(self.INTERVAL):
+                if self._lost():
+                    return
                 try:
                     self.round(conn)
                 except sqlite3.Error as exc:  # a busy database: the next round catches up
                     log.debug("checkpoint of %s deferred: %s", self.path, exc)
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if not self._lost():
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error:
             pass
         finally:
             conn.close()
+
+    def _lost(self) -> bool:
+        what = self._problem()
+        if what is not None:
+            log.warning("the ledger at %s %s: no more checkpoints into it", self.path, what)
+        return what is not None
 
     @classmethod
     def round(cls, conn: sqlite3.Connection) -> bool:

@@ -294,7 +294,7 @@ class SQLiteStateStore(StateStore):
         if self._checkpointer is None:
             # Writers leave checkpoints to a background thread: a checkpoint (with its fsync)
             # inside a decision's COMMIT would stall that one request by milliseconds.
-            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path, self._watch.problem)
         self._guard()
         # This process's concurrent writers share one transaction and its COMMIT.
         with map_driver_errors(f"ledger at {self.location}"), self._writers.transaction() as conn:

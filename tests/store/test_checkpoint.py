@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from ctrlrun.checkpoint import Checkpointer
@@ -66,3 +68,28 @@ def test_a_short_log_is_left_to_passive_checkpoints(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     _write(_writer(path), 10)
     assert Checkpointer.round(sqlite3.connect(path, isolation_level=None)) is False
+
+
+def test_a_truncated_ledger_is_never_checkpointed_into(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    writer = _writer(path)
+    _write(writer, 1)
+    gone = threading.Event()
+    checkpointer = Checkpointer(path, lambda: "was truncated to 0 bytes" if gone.is_set() else None)
+    try:
+        # A reader's snapshot holds the checkpoints back from what is written after it.
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM t").fetchone()
+        _write(writer, 50)
+        time.sleep(2 * Checkpointer.INTERVAL)
+        os.truncate(path, 0)
+        gone.set()
+        reader.close()
+        time.sleep(6 * Checkpointer.INTERVAL)
+        checkpointer.stop()
+        # A checkpoint would have written the logged pages back: the file would look whole.
+        assert path.stat().st_size == 0
+    finally:
+        checkpointer.stop()
+        writer.close()  # the last connection's close checkpoints: after the assertion
