@@ -81,11 +81,15 @@ def round_trips(pg: StateStore, tmp_path: Path) -> Iterator[Callable[[], list[li
         log.close()
 
 
+def _writer(store: StateStore) -> Callable[[int], int]:
+    control = Control(Policy.from_yaml(WRITE_POLICY), store)
+    return protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
+
+
 def test_a_protected_call_is_four_round_trips(
     pg: StateStore, round_trips: Callable[[], list[list[str]]]
 ) -> None:
-    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
-    write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
+    write = _writer(pg)
     with context(agent="bench"):
         write(0)  # the freeze table is read once, then cached
         done = len(round_trips())
@@ -96,16 +100,14 @@ def test_a_protected_call_is_four_round_trips(
     assert round_trips()[done:] == [["WITH"], ["BEGIN"], ["WITH"], ["WITH+COMMIT"]]
     with pg.reading() as conn:
         assert verify_chain(conn).ok
-        assert conn.execute(
-            text("SELECT state FROM effects WHERE effect_key = 'w:1'")
-        ).scalar() == ("committed")
+        state = conn.execute(text("SELECT state FROM effects WHERE effect_key = 'w:1'")).scalar()
+        assert state == "committed"
 
 
 def test_a_key_taken_reads_the_record_in_a_transaction_of_its_own(
     pg: StateStore, round_trips: Callable[[], list[list[str]]]
 ) -> None:
-    control = Control(Policy.from_yaml(WRITE_POLICY), pg)
-    write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
+    write = _writer(pg)
     with context(agent="bench"):
         write(1)
         done = len(round_trips())
@@ -149,8 +151,7 @@ def test_the_ledger_is_the_same_as_statement_by_statement(pg: StateStore, tmp_pa
     sqlite = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:
         for store in (pg, sqlite):
-            control = Control(Policy.from_yaml(WRITE_POLICY), store)
-            write = protect("bench.write", effect="w:{n}", control=control)(lambda n: n)
+            write = _writer(store)
             with context(agent="bench"):
                 for n in range(3):
                     write(n)
