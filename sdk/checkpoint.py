@@ -61,7 +61,10 @@ class Checkpointer:
             conn.close()
 
     def _lost(self) -> bool:
-        what = self._problem()
+        try:
+            what = self._problem()
+        except OSError as exc:  # the file cannot even be looked at: not checkpointed into
+            what = f"could not be looked at ({exc})"
         if what is not None:
             log.warning("the ledger at %s %s: no more checkpoints into it", self.path, what)
         return what is not None

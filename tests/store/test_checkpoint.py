@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from ctrlrun.checkpoint import Checkpointer
 
@@ -93,3 +96,24 @@ def test_a_truncated_ledger_is_never_checkpointed_into(tmp_path: Path) -> None:
     finally:
         checkpointer.stop()
         writer.close()  # the last connection's close checkpoints: after the assertion
+
+
+def test_a_ledger_that_cannot_be_looked_at_is_not_checkpointed_into(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "c.db"
+    writer = _writer(path)
+
+    def problem() -> str | None:
+        raise PermissionError("stat refused")
+
+    checkpointer = Checkpointer(path, problem)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ctrlrun.checkpoint"):
+            time.sleep(4 * Checkpointer.INTERVAL)
+        assert not checkpointer._thread.is_alive()
+        # Said and stopped, not an exception out of the thread.
+        assert any("could not be looked at" in r.getMessage() for r in caplog.records)
+    finally:
+        checkpointer.stop()
+        writer.close()
