@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +31,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for as long as the block runs.
+
+    The socket stays bound and never listens: connecting is refused, and no other server (nor an
+    outgoing connection's own ephemeral port, which would connect to itself) can take the port.
+    A port bound and closed again, as ``free_port`` gives, can be reused by anything meanwhile.
+    """
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+    finally:
+        sock.close()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import stripe
-from harness import POLICY, STRIPE_KEY, Sidecar, free_port, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, refusing_port, start_sidecar
 from stripe_support import (
     CLIENT_TIMEOUT,
     ctrlrun_block,
@@ -67,12 +67,12 @@ def eager(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterato
 @pytest.fixture
 def unreachable(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar whose Stripe upstream is a closed loopback port."""
-    closed = f"http://127.0.0.1:{free_port()}"
-    text = POLICY.replace("url: {stripe}", f"url: {closed}")
-    assert text != POLICY
-    sc = start_sidecar(tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True)
-    yield sc
-    sc.stop()
+    with refusing_port() as port:
+        text = POLICY.replace("url: {stripe}", f"url: http://127.0.0.1:{port}")
+        assert text != POLICY
+        sc = start_sidecar(tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True)
+        yield sc
+        sc.stop()
 
 
 @pytest.fixture

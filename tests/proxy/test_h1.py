@@ -263,10 +263,9 @@ def test_a_line_break_in_a_header_is_refused_before_anything_is_sent() -> None:
 @pytest.fixture
 def closed_port() -> Iterator[int]:
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # bound then closed, never listened: connecting is refused
-    yield port
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connecting is refused, and held
+    yield sock.getsockname()[1]  # so that nothing else takes the port meanwhile
+    sock.close()
 
 
 def failure(pool: h1.Pool) -> h1.RequestFailed:

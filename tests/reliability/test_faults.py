@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from e2e.harness import Sidecar, free_port, start_sidecar
+from e2e.harness import Sidecar, free_port, refusing_port, start_sidecar
 
 from ctrlrun import ledger
 from ctrlrun.store import open_store
@@ -105,8 +105,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         FakeStripe(hang_seconds=4) as stripe,
         FakeKubernetes() as kube,
         FakeKubernetes(tls=True) as untrusted,
+        refusing_port() as closed,  # bound, never listening: connection refused
     ):
-        closed = free_port()  # nothing listens here: connection refused
         blackhole = full_backlog()
         upstreams = {
             "refused": f"http://127.0.0.1:{closed}",
