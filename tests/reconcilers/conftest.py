@@ -23,9 +23,11 @@ def kube_fake() -> Iterator[FakeKubernetes]:
 
 
 @pytest.fixture
-def closed_url() -> str:
-    """A loopback URL where nothing listens: connecting is refused."""
+def closed_url() -> Iterator[str]:
+    """A loopback URL where nothing listens: connecting is refused.
+
+    The port stays bound (never listening) for the test, so nothing else can take it meanwhile.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
