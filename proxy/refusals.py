@@ -36,6 +36,7 @@ from ctrlrun.errors import (
     ApprovalRequired,
     ApprovalTimeout,
     BudgetExceeded,
+    ConnectionLost,
     CTRLRunError,
     DuplicateEffect,
     EffectKeyError,
@@ -49,7 +50,7 @@ from ctrlrun.errors import (
 )
 from ctrlrun.identity import LedgerLost
 from ctrlrun.reconcile import NotAmbiguous
-from ctrlrun.store import ConnectionLost, NoLedger
+from ctrlrun.store import NoLedger
 
 from .answers import Answer, answer
 

@@ -206,6 +206,12 @@ class StoreError(CTRLRunError):
     """The ledger could not be read or written."""
 
 
+class ConnectionLost(StoreError):
+    """The connection died before the transaction's COMMIT was sent: nothing was written (or,
+    for a statement sent as its own transaction, perhaps it was; the message says which).
+    The store runs the transaction once more on a new connection."""
+
+
 class OutcomeUnknown(StoreError):
     """The connection was lost after a COMMIT was sent: what it wrote may be recorded or not.
     Never run again blind (a second run would record over the first); the record stays as

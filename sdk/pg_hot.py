@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from .driver_errors import one_line
+from .errors import ConnectionLost
 from .ledger import _EVENT_COLUMNS, _events_sql, _insert_effect_sql, _move_effect_sql, _run
 from .states import EffectState, check_transition
 
@@ -42,8 +44,9 @@ def insert_effect_with_events(
     and ``COMMIT`` round trips; one statement is atomic), and the caller's COMMIT finds
     nothing to commit. When the key was taken, what the caller does next begins a new
     transaction; under READ COMMITTED each statement reads afresh, so it reads what it would
-    have read in this one. A connection lost during the statement may have committed it: the
-    store's retry then finds the key taken by this reservation, under its lease, and refuses.
+    have read in this one. A connection lost during the statement may have committed it
+    (``ConnectionLost`` says so): the store's retry then finds the key taken by this
+    reservation, under its lease, and refuses; if it had not, the retry takes the key.
     """
     check_transition(EffectState.NEW, EffectState(values["state"]))
     columns = tuple(sorted(values))
@@ -56,6 +59,14 @@ def insert_effect_with_events(
     raw.autocommit = True
     try:
         return int(_run(conn, sql, params).rowcount) > 0
+    except Exception as exc:
+        if raw.broken or raw.closed:  # not "nothing was written": the statement commits itself
+            raise ConnectionLost(
+                "the connection was lost during a reservation sent as its own transaction; "
+                "if the server ran it, the retry finds the key taken under this call's lease "
+                f"and refuses: {one_line(exc)}"
+            ) from exc
+        raise
     finally:
         if raw.info.transaction_status == _IDLE:  # else broken: discarded
             raw.autocommit = False

@@ -25,7 +25,7 @@ from .checkpoint import Checkpointer
 from .clocks import Clock, LedgerClock, Skew, utc_now
 from .config import clock_skew_bound, store_url
 from .driver_errors import is_driver_error, map_driver_errors, one_line
-from .errors import InvalidArgument, MissingDependency, SchemaMismatch, StoreError
+from .errors import ConnectionLost, InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
 from .group_commit import GroupCommit
 from .identity import LedgerLost
@@ -40,10 +40,6 @@ HEAD_REVISION = "0018"
 KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0013", "0014", "0015", "0016", "0017", "0018")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
-
-
-class ConnectionLost(StoreError):
-    """The connection died before the transaction's COMMIT was sent: nothing was written."""
 
 
 def _broken(conn: Connection) -> bool:

@@ -22,6 +22,7 @@ from ctrlrun.errors import (
     ApprovalRequired,
     ApprovalTimeout,
     BudgetExceeded,
+    ConnectionLost,
     CTRLRunError,
     DuplicateEffect,
     EffectKeyError,
@@ -37,7 +38,7 @@ from ctrlrun.identity import LedgerLost
 from ctrlrun.proxy.answers import PROFILES, STATUSES
 from ctrlrun.proxy.refusals import REFUSALS, refusal_for
 from ctrlrun.reconcile import NotAmbiguous
-from ctrlrun.store import ConnectionLost, NoLedger
+from ctrlrun.store import NoLedger
 
 
 def all_subclasses(cls: type[BaseException]) -> set[type[BaseException]]:

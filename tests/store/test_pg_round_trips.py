@@ -147,6 +147,26 @@ CREATE TRIGGER kill_once BEFORE INSERT ON receipts FOR EACH ROW EXECUTE FUNCTION
 """
 
 
+def test_a_reservation_killed_on_its_way_is_taken_on_a_new_connection(
+    pg: StateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    write = _writer(pg)
+    with context(agent="bench"):
+        write(0)  # the freeze table is read once: the next reservation is its own transaction
+        with pg.transaction() as conn:  # the reservation's events insert ends its own session
+            conn.execute(text(KILL_ONCE.replace("ON receipts", "ON events")))
+        with caplog.at_level("INFO", logger="ctrlrun.store"):
+            assert write(1) == 1
+    said = [r.getMessage() for r in caplog.records if "running the transaction again" in r.message]
+    # Not "nothing was written": a statement that is its own transaction may have committed.
+    assert len(said) == 1 and "if the server ran it" in said[0], said
+    with pg.reading() as conn:  # killed once, taken on the second connection, and only once
+        state = conn.execute(text("SELECT state FROM effects WHERE effect_key = 'w:1'")).scalar()
+        assert state == "committed"
+        reserved = "SELECT count(*) FROM events WHERE effect_key = 'w:1' AND type = :t"
+        assert conn.execute(text(reserved), {"t": "EFFECT_RESERVED"}).scalar() == 1
+
+
 def test_the_ledger_is_the_same_as_statement_by_statement(pg: StateStore, tmp_path: Any) -> None:
     sqlite = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:
