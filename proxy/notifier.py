@@ -6,7 +6,8 @@ happen. Each webhook has a cursor row (``notify_cursors``): the last event deliv
 sidecar holding the right to send (a lease, so two sidecars never send the same webhook's
 events), and, after a failure, when to try again (30 s doubling to 5 min; 1 s at first). A
 webhook that is down holds its cursor; once it answers, it gets every event since, in order,
-once. A new webhook starts at the ledger's newest event (it is not sent the history).
+once. A new webhook starts at the ledger's newest event (it is not sent the history), or
+just below an id that may still commit (``Horizon.start``).
 On PostgreSQL ids are drawn in one order and committed in another: the cursor never passes an
 id that a transaction still open may commit (``notify_horizon.py`` says how it knows).
 
@@ -62,6 +63,7 @@ class Notifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()
+        self._cursors: set[str] = set()  # webhooks whose cursor row this process last found
         timeouts = getattr(store, "timeouts", None) or {}  # PostgreSQL's session limits
         self.horizon = horizon or Horizon(limit=limit_for(timeouts))
 
@@ -110,13 +112,14 @@ class Notifier:
         high = int(
             conn.execute(text("SELECT COALESCE(MAX(event_id), 0) FROM events")).scalar() or 0
         )
-        conn.execute(
-            text(
-                "INSERT INTO notify_cursors (target, last_event_id, failures) "
-                "VALUES (:t, :e, 0) ON CONFLICT DO NOTHING"
-            ),
-            {"t": hook.target, "e": high},
-        )
+        if hook.target not in self._cursors:  # once per webhook and process
+            conn.execute(
+                text(
+                    "INSERT INTO notify_cursors (target, last_event_id, failures) "
+                    "VALUES (:t, :e, 0) ON CONFLICT DO NOTHING"
+                ),
+                {"t": hook.target, "e": self.horizon.start(conn, high)},
+            )
         claimed = conn.execute(
             text(
                 "UPDATE notify_cursors SET holder = :me, lease_until = :until WHERE target = :t "
@@ -125,8 +128,12 @@ class Notifier:
             ),
             {"me": self.holder, "until": iso(now + LEASE), "now": iso(now), "t": hook.target},
         ).first()
-        if claimed is None:
+        if claimed is None:  # held by another or waiting to retry; or not there: made again
+            (self._cursors.add if _exists(conn, hook.target) else self._cursors.discard)(
+                hook.target
+            )
             return None
+        self._cursors.add(hook.target)
         high = self.horizon.safe(conn, hook.target, int(claimed[0]), high)
         types = [str(t) for t, name in EVENTS.items() if name in hook.events]
         found = conn.execute(
@@ -239,3 +246,8 @@ def _details(conn: Connection, event: Mapping[str, Any]) -> dict[str, Any]:
         "agent": principal.get("agent"),
         **{k: v for k, v in found.items() if v is not None},
     }
+
+
+def _exists(conn: Connection, target: str) -> bool:
+    found = conn.execute(text("SELECT 1 FROM notify_cursors WHERE target = :t"), {"t": target})
+    return found.first() is not None

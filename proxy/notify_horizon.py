@@ -106,6 +106,32 @@ class Horizon:
             expected = found + 1
         return high if expected > high else expected - 1
 
+    def start(self, conn: Connection, high: int) -> int:
+        """Where a new webhook's cursor begins: at the newest visible event ``high``, unless an
+        id below it is missing while a transaction runs that may still commit it. The cursor
+        then begins below the lowest such id among the last ``SCAN``, and the gap is waited for
+        as any other (at worst a few events from just before the webhook existed are sent;
+        an event committed just after would otherwise never be)."""
+        if high <= 0 or conn.dialect.name != "postgresql":
+            return high
+        ids = list(
+            conn.execute(
+                text(
+                    "SELECT event_id FROM events WHERE event_id <= :high "
+                    "ORDER BY event_id DESC LIMIT :n"
+                ),
+                {"high": high, "n": SCAN},
+            ).scalars()
+        )
+        present, lowest = set(ids), min(ids, default=high)
+        missing = next((i for i in range(lowest, high) if i not in present), None)
+        if missing is None:
+            return high
+        running = conn.execute(
+            text("SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot())")
+        ).scalar()
+        return missing - 1 if running else high  # nothing running: every gap is dead
+
     def _dead(self, conn: Connection, target: str, first: int, end: int) -> bool:
         gap = self._gaps.setdefault((target, first), _Gap(self.clock()))
         age = self.clock() - gap.seen

@@ -177,3 +177,36 @@ def test_a_gap_held_back_by_a_foreign_transaction_is_passed_after_the_limit(
             notifier.stop()
             other.rollback()
     assert got == ["apr_after"]
+
+
+def test_a_new_webhook_gets_an_event_whose_lower_id_commits_after_it_started(
+    store: StateStore, receiver: Receiver
+) -> None:
+    requested(store, "apr_history")  # before the webhook: not sent
+    finish = in_open_transaction(store, "apr_open", commit=True)  # the lower id, still open
+    requested(store, "apr_newest")  # the higher id, visible when the webhook's cursor is made
+    notifier = running(store, receiver)
+    try:
+        finish()
+        receiver.wait_for(2, timeout=10.0)
+        time.sleep(0.5)  # anything sent twice would have arrived by now
+    finally:
+        notifier.stop()
+    # The cursor began below the open id, not at the newest event: the open one is not lost.
+    assert receiver.got == ["apr_open", "apr_newest"]
+
+
+def test_a_new_webhook_with_no_transaction_running_starts_at_the_newest_event(
+    store: StateStore, receiver: Receiver
+) -> None:
+    finish = in_open_transaction(store, "apr_rolled_back", commit=False)
+    requested(store, "apr_before")
+    finish()  # its id is a gap for ever, and nothing that could fill it runs
+    notifier = running(store, receiver)
+    try:
+        requested(store, "apr_after")
+        got = receiver.wait_for(1, timeout=10.0)
+        time.sleep(0.5)
+    finally:
+        notifier.stop()
+    assert got == ["apr_after"] and receiver.got == ["apr_after"]  # no history
