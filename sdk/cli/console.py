@@ -50,6 +50,14 @@ if TYPE_CHECKING:
     "com): forms from it are accepted, and the cookie is then Secure.",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    metavar="N",
+    help="Connections served at once (a thread each); past them a new one is answered 503.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -65,6 +73,7 @@ def console(
     tls_cert: str | None,
     tls_key: str | None,
     public_url: str | None,
+    max_connections: int,
     log_format: str,
 ) -> None:
     """Serve the operator console: a web page over the ledger for the people who answer for
@@ -84,6 +93,8 @@ def console(
     carries a CSRF token. It listens on loopback; elsewhere only with --allow-remote, and
     then over TLS: --tls-cert, or a TLS proxy in front and --public-url naming the address
     operators open through it (the browser's Origin, and the Host if the proxy passes it on).
+    It serves at most --max-connections connections at once: past them a new one is answered
+    503 (over TLS, closed), so a flood of connections cannot make it start a thread for each.
 
     \b
     Example:
@@ -107,6 +118,7 @@ def console(
         tls_cert=tls_cert,
         tls_key=tls_key,
         public_url=public_url,
+        max_connections=max_connections,
     )
     _serve(build(settings))
 

@@ -3,6 +3,10 @@
 Everything is checked before the socket is bound, and each refusal is one line: no
 ``operators:`` in the policy, no operator with a token set, a non-loopback address without
 ``allow_remote``, a ledger that does not exist yet.
+
+The server gives each connection a thread, up to ``max_connections`` at once (a client may hold
+one for ``Handler.timeout`` while it trickles its request or its TLS handshake). Past that a
+connection gets no thread: the accept loop answers it a 503 at once and closes it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import logging
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -29,6 +35,18 @@ from .routes import App, Handler
 
 log = logging.getLogger(__name__)
 DEFAULT_LISTEN = "127.0.0.1:9091"
+MAX_CONNECTIONS = 64  # connections served at once, a thread each; past it, a 503
+REFUSAL_SEND_TIMEOUT = 0.1  # seconds the accept loop may spend writing a 503
+REFUSAL_LOG_EVERY = 10.0  # seconds between the log lines that count refused connections
+BUSY_BODY = b"the console is busy: try again in a moment\n"
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: " + str(len(BUSY_BODY)).encode() + b"\r\n"
+    b"Retry-After: 1\r\n"
+    b"Cache-Control: no-store\r\n"
+    b"Connection: close\r\n\r\n" + BUSY_BODY
+)
 
 
 @dataclass(frozen=True)
@@ -44,19 +62,34 @@ class ConsoleSettings:
     tls_cert: str | None = None  # PEM certificate chain: serve HTTPS (the cookie is Secure)
     tls_key: str | None = None  # its private key (default: in the certificate file)
     public_url: str | None = None  # what operators open when a TLS proxy is in front
+    max_connections: int = MAX_CONNECTIONS  # served at once; more are answered 503
 
 
 class ConsoleServer(ThreadingHTTPServer):
-    """The HTTP server, one thread per request, holding the console's ``App``."""
+    """The HTTP server, a thread per connection up to a cap, holding the console's ``App``."""
 
     daemon_threads = True
     block_on_close = False
+    # Connections the kernel holds for accept(): past the default 5 a burst has its SYNs
+    # dropped (a second's wait, then three) even though each refusal takes the loop no time.
+    request_queue_size = 128
 
     def __init__(
-        self, address: tuple[str, int], app: App, tls: ssl.SSLContext | None = None
+        self,
+        address: tuple[str, int],
+        app: App,
+        tls: ssl.SSLContext | None = None,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.app = app
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._clock = clock
+        self._refused = 0  # connections refused since the last line about them
+        self._refused_logged: float | None = None
         super().__init__(address, Handler)
         if tls is not None:
             # The handshake runs in the request's thread (Handler.setup), not in accept().
@@ -75,6 +108,49 @@ class ConsoleServer(ThreadingHTTPServer):
         # A client that hangs up or fails its TLS handshake: one line, never a traceback.
         exc = sys.exc_info()[1]
         log.info("console: a connection from %s ended: %s", client_address[0], type(exc).__name__)
+
+    # -- the cap: process_request runs on the accept loop, the rest on the connection's thread
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request, client_address)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread started (none left?): nothing else gives it back
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # The slot is given back once the connection is closed, however it ended: a request
+        # that raised, a client that hung up, a TLS handshake that failed or timed out.
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket, client_address: Any) -> None:
+        """A connection past the cap: a 503 if it can be written at once, then closed."""
+        if not isinstance(request, ssl.SSLSocket):
+            # Only written, never a read of the request: the loop must not wait on a client.
+            try:
+                request.settimeout(REFUSAL_SEND_TIMEOUT)
+                request.sendall(BUSY)
+            except OSError:
+                pass
+        # Over TLS nothing can be written before a handshake, and a handshake is the slow
+        # work a thread is kept for: the connection is only closed (the client sees EOF).
+        self.shutdown_request(request)
+        self._refused += 1
+        now = self._clock()
+        if self._refused_logged is None or now - self._refused_logged >= REFUSAL_LOG_EVERY:
+            log.warning(
+                "console: %d connection(s) refused, %d already open (the cap); latest from %s",
+                self._refused,
+                self.max_connections,
+                client_address[0],
+            )
+            self._refused, self._refused_logged = 0, now
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -155,6 +231,8 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
             "operators' tokens and session cookies: pass --allow-remote to listen there "
             "(and serve it with --tls-cert, or behind a TLS proxy)"
         )
+    if settings.max_connections < 1:
+        raise InvalidArgument(f"--max-connections {settings.max_connections}: at least 1")
     public = None if settings.public_url is None else parse_public_url(settings.public_url)
     policy = Policy.from_file(policy_path(settings.policy))
     tokens, missing = load_tokens(policy, environ)
@@ -170,7 +248,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         actions=frozenset(policy.actions),
     )
     try:
-        server = ConsoleServer((host, port), app, tls)
+        server = ConsoleServer((host, port), app, tls, max_connections=settings.max_connections)
     except OSError as exc:
         store.close()
         raise InvalidArgument(f"--listen {settings.listen}: {exc.strerror or exc}") from exc

@@ -3,7 +3,6 @@ browser. What is refused changes nothing; what is done is recorded under the ope
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from console_support import (
     new_ledger,
     postgres_database,
     running,
+    self_signed,
 )
 from sqlalchemy import select
 
@@ -413,44 +413,6 @@ def test_a_refusal_is_one_line_even_with_an_operator_left_without_a_token(
         assert refused.returncode == 2
         assert refused.stderr.count("\n") == 1, refused.stderr
         assert "bob" not in refused.stderr
-
-
-def self_signed(into: Path) -> Path:
-    """A certificate for 127.0.0.1 and its key, in one PEM file."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    pem = into / "console.pem"
-    pem.write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return pem
 
 
 def test_over_tls_the_cookie_is_secure_and_the_origin_https(lg: Ledger, tmp_path: Path) -> None:

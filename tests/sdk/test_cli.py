@@ -93,7 +93,7 @@ def test_help_exits_zero(command: list[str]) -> None:
     [
         (["approve"], ["approvals_required", "different operators", "--as alice"]),
         (["deny"], ["One deny denies"]),
-        (["console"], ["--public-url", "operators:"]),
+        (["console"], ["--public-url", "operators:", "--max-connections"]),
         (["budgets"], ["past the limit"]),
         (["resolve"], ["--note"]),
     ],
