@@ -24,6 +24,7 @@ if str(HERE) not in sys.path:
 
 import _ledger_fill as fill  # noqa: E402
 import _ledger_pg as pg  # noqa: E402
+import _protect_ref as ref  # noqa: E402
 import bench_protect as bp  # noqa: E402
 
 # bench_protect.Worker starts the script its module names; ours speaks the same protocol.
@@ -164,7 +165,7 @@ class Run:
         if args.no_reference:
             self.out["reference_venv"] = "skipped (--no-reference)"
             return None
-        ref_python, note = bp.reference_python(args.cache_dir, timeout=180)
+        ref_python, note = ref.reference_python(args.cache_dir, timeout=180)
         if ref_python is not None:
             ok, why = pg.reference_psycopg(ref_python, timeout=180)
             note = f"{note}; {why}"

@@ -43,14 +43,7 @@ class LedgerBench(pw.Bench):
         policy_path = os.path.join(workdir, "ctrlrun.yaml")
         with open(policy_path, "w", encoding="utf-8") as fh:
             fh.write(pw.POLICY)
-        if store["kind"] == "sqlite":
-            self.store = ctrlrun.SQLiteStateStore(store["path"])
-        else:
-            # Ours exports it; the reference keeps it in ``ctrlrun.postgres`` (``[postgres]``).
-            cls = getattr(ctrlrun, "PostgresStateStore", None)
-            if cls is None:
-                cls = importlib.import_module("ctrlrun.postgres").PostgresStateStore
-            self.store = cls(store["url"])
+        self.store = pw.open_store(ctrlrun, store)
         self.kind = store["kind"]
         self.control = ctrlrun.Control(ctrlrun.Policy.from_file(policy_path), self.store)
         self.write: Any = ctrlrun.protect("bench.write", effect="w:{n}", control=self.control)(
@@ -61,17 +54,6 @@ class LedgerBench(pw.Bench):
 
     def fresh(self) -> int:
         return self.rng.getrandbits(62)
-
-    def pragmas(self) -> dict[str, Any]:
-        if self.kind == "sqlite":
-            return super().pragmas()
-        names = ("synchronous_commit", "default_transaction_isolation", "server_version")
-        engine = getattr(self.store, "engine", None)
-        if engine is not None:  # ours: SQLAlchemy + psycopg
-            with engine.connect() as conn:
-                return {p: conn.exec_driver_sql(f"SHOW {p}").scalar() for p in names}
-        conn = self.store._connection()  # the reference: one psycopg connection per thread
-        return {p: conn.execute(f"SHOW {p}").fetchone()[0] for p in names}
 
 
 def main() -> int:

@@ -6,6 +6,12 @@ process), then drives both with the same JSON-line commands on stdin, so that th
 timed by the same code, round by round. Standard library only: it must run in the reference
 venv, where nothing of this repository is importable.
 
+The store is a fresh SQLite file in a temporary directory, or, when the environment has
+``BENCH_PROTECT_STORE={"kind": "postgres", "url": U}`` (JSON; the environment rather than the
+command line, so a password in ``U`` is not on every ``ps``), the database ``U`` names, through
+whichever ``PostgresStateStore`` this distribution has. Its ``ready`` reply names the store's
+durability settings as its own connection reports them (``pragmas``).
+
 Commands (one JSON object per line) and replies (one JSON object per line on stdout):
 
     {"op": "sync",    "calls": N, "max_seconds": S}  -> {"calls": n, "seconds": t, "cpu_seconds": c}
@@ -27,6 +33,7 @@ import io
 import json
 import os
 import pstats
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +48,10 @@ actions:
     decision: allow
 """
 
+STORE_ENV = "BENCH_PROTECT_STORE"
+SQLITE_PRAGMAS = ("journal_mode", "synchronous", "busy_timeout")
+POSTGRES_SETTINGS = ("synchronous_commit", "default_transaction_isolation", "server_version")
+
 # The protocol owns the real stdout; anything the library prints goes to stderr instead.
 _OUT = sys.stdout
 sys.stdout = sys.stderr
@@ -54,20 +65,31 @@ async def _async_write(n: int) -> int:
     return n
 
 
+def open_store(ctrlrun: Any, store: dict[str, Any]) -> Any:
+    """``{"kind": "sqlite", "path": P}`` or ``{"kind": "postgres", "url": U}``, opened."""
+    if store["kind"] == "sqlite":
+        return ctrlrun.SQLiteStateStore(store["path"])
+    # Ours exports it; the reference keeps it in ``ctrlrun.postgres`` (``[postgres]``).
+    cls = getattr(ctrlrun, "PostgresStateStore", None)
+    if cls is None:
+        cls = importlib.import_module("ctrlrun.postgres").PostgresStateStore
+    return cls(store["url"])
+
+
 class Bench:
     """One store, one Control, the protected functions, and a counter handing out fresh keys."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, store: dict[str, Any]) -> None:
         # Whichever distribution this interpreter has: this repository's or the reference.
         ctrlrun: Any = importlib.import_module("ctrlrun")
         Control, Policy, protect = ctrlrun.Control, ctrlrun.Policy, ctrlrun.protect
-        SQLiteStateStore = ctrlrun.SQLiteStateStore
 
         self.ctrlrun = ctrlrun
         policy_path = os.path.join(workdir, "ctrlrun.yaml")
         with open(policy_path, "w", encoding="utf-8") as fh:
             fh.write(POLICY)
-        self.store = SQLiteStateStore(os.path.join(workdir, "state.db"))
+        self.kind = store["kind"]
+        self.store = open_store(ctrlrun, store)
         self.control = Control(Policy.from_file(policy_path), self.store)
         self.next_n = 0
 
@@ -107,13 +129,17 @@ class Bench:
 
     def pragmas(self) -> dict[str, Any]:
         """The durability settings as the store's own connection reports them."""
-        names = ("journal_mode", "synchronous", "busy_timeout")
+        if self.kind == "sqlite":
+            names, query = SQLITE_PRAGMAS, "PRAGMA {}"
+        else:
+            names, query = POSTGRES_SETTINGS, "SHOW {}"
         engine = getattr(self.store, "engine", None)
         if engine is not None:  # this repository: SQLAlchemy, pragmas set on connect
             with engine.connect() as conn:
-                return {p: conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in names}
-        conn = self.store._connection()  # the reference: one sqlite3 connection per thread
-        return {p: conn.execute(f"PRAGMA {p}").fetchone()[0] for p in names}
+                return {p: conn.exec_driver_sql(query.format(p)).scalar() for p in names}
+        # The reference: one sqlite3 (or autocommit psycopg) connection per thread.
+        conn = self.store._connection()
+        return {p: conn.execute(query.format(p)).fetchone()[0] for p in names}
 
     # -- ops ---------------------------------------------------------------------------------
 
@@ -201,10 +227,22 @@ def reply(obj: dict[str, Any]) -> None:
     _OUT.flush()
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    # Ctrl-C reaches this worker from the terminal and again from bench_protect.py: the first
+    # one stops it, a second must not cut short the removal of its temporary directory.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGINT, _interrupted)
     with tempfile.TemporaryDirectory(prefix="ctrlrun-bench-") as workdir:
         try:
-            bench = Bench(workdir)
+            given = os.environ.get(STORE_ENV)
+            store = json.loads(given) if given else {"kind": "sqlite"}
+            if store["kind"] == "sqlite":
+                store.setdefault("path", os.path.join(workdir, "state.db"))
+            bench = Bench(workdir, store)
             reply({"ready": bench.info()})
         except Exception:
             reply({"error": traceback.format_exc(limit=6)})
