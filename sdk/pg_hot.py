@@ -11,6 +11,9 @@ A protected call is then four round trips: the key and its events, alone, as a t
 of its own (no ``BEGIN``, no ``COMMIT``); ``BEGIN``; the outcome's move; the receipt and the
 chain's head with the ``COMMIT`` in the same query (``ledger._run_committing``). The
 outcome's receipt needs the chain position the move took, so it cannot go with the move.
+A duplicate is five: the key tried, alone; ``BEGIN``; the record read; the refusal's events
+with the chain's next number (``events_and_chain``); the receipt and the head with the
+``COMMIT``. Every admission that writes a receipt ends with those last two.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from sqlalchemy import Connection
 
 from .driver_errors import one_line
 from .errors import ConnectionLost
-from .ledger import _EVENT_COLUMNS, _events_sql, _insert_effect_sql, _move_effect_sql, _run
+from .ledger import (
+    _EVENT_COLUMNS,
+    _event_params,
+    _events_sql,
+    _insert_effect_sql,
+    _move_effect_sql,
+    _run,
+)
 from .states import EffectState, check_transition
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open on the connection
@@ -113,4 +123,22 @@ def _move_with_event_sql(columns: tuple[str, ...]) -> str:
         f"WHERE {moved} RETURNING event_id) "
         f"UPDATE receipt_chain SET seq = seq + 1 WHERE id = 1 AND {moved} "
         "RETURNING seq, hash, (SELECT event_id FROM ev)"
+    )
+
+
+def events_and_chain(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> tuple[int, str, int]:
+    """PostgreSQL, one round trip: ``rows`` (``event_row``s, at least one) appended and the
+    receipt chain advanced, as ``append_events`` then ``advance_chain`` would. Returns (seq,
+    previous hash, the last event's id), for the receipt written next."""
+    params = {name: rows[i][c] for name, i, c in _event_params(len(rows))}
+    found = _run(conn, _events_and_chain_sql(len(rows)), params).fetchone()
+    return int(found[0]), str(found[1]), int(found[2])
+
+
+@functools.cache
+def _events_and_chain_sql(n: int) -> str:
+    return (
+        f"WITH ev AS ({_events_sql(n, True)}) "
+        "UPDATE receipt_chain SET seq = seq + 1 WHERE id = 1 "
+        "RETURNING seq, hash, (SELECT max(event_id) FROM ev)"
     )

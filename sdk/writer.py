@@ -153,7 +153,8 @@ def _write(conn: Connection, write: Write) -> bool:
 
 def _record(conn: Connection, facts: Facts, plan: Plan, *, logged: bool = False) -> Admitted:
     """Append the plan's events (one statement, unless ``logged``: written with the key) and
-    its receipt, if it writes one."""
+    its receipt, if it writes one: the transaction's last write (on PostgreSQL the events go
+    with the chain's next number, and the receipt with the COMMIT)."""
     attempt = attempt_of(facts, plan)
     spec = plan.receipt
     if spec is None:
@@ -161,7 +162,14 @@ def _record(conn: Connection, facts: Facts, plan: Plan, *, logged: bool = False)
             ledger.append_events(conn, _rows(facts, plan))
         return Admitted(plan, attempt)
     rows = _rows(facts, plan)
-    position = ledger.append_events(conn, rows, returning=True)
+    chain, last, position = None, False, None
+    if conn.dialect.name == "postgresql" and rows:
+        # The events and the chain's next number in one round trip, the receipt and the head
+        # with the COMMIT in another: nothing is written after the plan's receipt.
+        seq, prev, pos = pg_hot.events_and_chain(conn, rows)
+        chain, last, position = (seq, prev), True, pos
+    else:
+        position = ledger.append_events(conn, rows, returning=True)
     receipt = attempt_receipt(
         conn,
         attempt,
@@ -171,5 +179,7 @@ def _record(conn: Connection, facts: Facts, plan: Plan, *, logged: bool = False)
         error=spec.error,
         approval_id=spec.approval_id,
         event_pos=position,
+        chain=chain,
+        commit=last,
     )
     return Admitted(plan, attempt, receipt)

@@ -104,7 +104,7 @@ def test_a_protected_call_is_four_round_trips(
         assert state == "committed"
 
 
-def test_a_key_taken_reads_the_record_in_a_transaction_of_its_own(
+def test_a_duplicate_is_refused_in_five_round_trips(
     pg: StateStore, round_trips: Callable[[], list[list[str]]]
 ) -> None:
     write = _writer(pg)
@@ -113,10 +113,17 @@ def test_a_key_taken_reads_the_record_in_a_transaction_of_its_own(
         done = len(round_trips())
         with pytest.raises(DuplicateEffect):
             write(1)
-    trips = round_trips()[done:]
     # The insert found the key taken and wrote nothing, on its own; the refusal is read and
-    # written in one transaction that begins after it.
-    assert trips[0] == ["WITH"] and trips[1] == ["BEGIN"] and trips[-1] == ["COMMIT"], trips
+    # written in one transaction that begins after it: the record read, the refusal's events
+    # with the chain's next number, then its receipt and the head with the COMMIT.
+    trips = round_trips()[done:]
+    assert trips == [["WITH"], ["BEGIN"], ["SELECT"], ["WITH"], ["WITH+COMMIT"]], trips
+    with pg.reading() as conn:
+        assert verify_chain(conn).ok
+        results = conn.execute(
+            text("SELECT result FROM receipts WHERE effect_key = 'w:1' ORDER BY seq")
+        ).scalars()
+        assert list(results) == ["committed", "blocked"]
 
 
 def test_a_connection_lost_with_the_commit_sent_is_never_run_again(pg: StateStore) -> None:
