@@ -110,7 +110,7 @@ class Horizon:
         """Where a new webhook's cursor begins: at the newest visible event ``high``, unless an
         id below it is missing while a transaction runs that may still commit it. The cursor
         then begins below the lowest such id among the last ``SCAN``, and the gap is waited for
-        as any other (at worst a few events from just before the webhook existed are sent;
+        as any other (events from just before the webhook existed may be sent, at most ``SCAN``;
         an event committed just after would otherwise never be)."""
         if high <= 0 or conn.dialect.name != "postgresql":
             return high
