@@ -63,7 +63,6 @@ class Notifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()
-        self._cursors: set[str] = set()  # webhooks whose cursor row this process last found
         timeouts = getattr(store, "timeouts", None) or {}  # PostgreSQL's session limits
         self.horizon = horizon or Horizon(limit=limit_for(timeouts))
 
@@ -112,7 +111,7 @@ class Notifier:
         high = int(
             conn.execute(text("SELECT COALESCE(MAX(event_id), 0) FROM events")).scalar() or 0
         )
-        if hook.target not in self._cursors:  # once per webhook and process
+        if not _exists(conn, hook.target):  # a new webhook (or one whose row was removed)
             conn.execute(
                 text(
                     "INSERT INTO notify_cursors (target, last_event_id, failures) "
@@ -128,12 +127,8 @@ class Notifier:
             ),
             {"me": self.holder, "until": iso(now + LEASE), "now": iso(now), "t": hook.target},
         ).first()
-        if claimed is None:  # held by another or waiting to retry; or not there: made again
-            (self._cursors.add if _exists(conn, hook.target) else self._cursors.discard)(
-                hook.target
-            )
+        if claimed is None:  # held by another sidecar, or waiting to try again
             return None
-        self._cursors.add(hook.target)
         high = self.horizon.safe(conn, hook.target, int(claimed[0]), high)
         types = [str(t) for t, name in EVENTS.items() if name in hook.events]
         found = conn.execute(
