@@ -62,6 +62,7 @@ class Request:
     body: bytes = b""  # as it will be forwarded (still content-encoded, if it is)
     repeated: frozenset[str] = frozenset()  # lower-case names of headers sent more than once
     folded: frozenset[str] = frozenset()  # lower-case names of headers with a line break
+    fragment: bool = False  # the target as sent holds a '#'
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,15 @@ def unreadable(request: Request) -> str | None:
     A header folded over two lines (obs-fold) reaches the remote as sent, and a server that
     starts a new header at the second line would read one ctrlrun never saw. A read with a
     body: a server that does not read the body of a GET takes it for a request of its own
-    on the same connection, a write nobody decided.
+    on the same connection, a write nobody decided. A '#' in the target: clients strip a
+    fragment before sending, and servers differ on one that arrives (Puma and Express end
+    the query there, Go's net/http reads on), as does the query ctrlrun is given.
     """
+    if request.fragment:
+        return (
+            "the request target holds a '#', which servers read differently (a fragment, "
+            "or part of the path or query); send the request without it, or encode it as %23"
+        )
     if request.folded:
         name = sorted(request.folded)[0]
         return f"the header {shown(name, 60)} is folded over two lines; send it on one"
