@@ -44,7 +44,7 @@ from .route_values import (
     shown,
     unreadable,
 )
-from .stripe_routes import FORM, map_stripe, parse_form
+from .stripe_routes import FORM, REFUND_ROADS, map_stripe, parse_form
 from .stripe_routes import ROUTES as STRIPE_ROUTES
 
 __all__ = [
@@ -126,6 +126,11 @@ def _near_route(upstream: Upstream, method: str, segments: list[str]) -> str | N
     would be forwarded undecided."""
     if upstream.profile == "stripe":
         routes = [(m, template, action) for m, template, action in STRIPE_ROUTES]
+        routes += [
+            (m, template, "a refund")
+            for m, template, _ in REFUND_ROADS
+            if match_path(template, segments) is None  # as written, map_stripe judged it
+        ]
     else:
         routes = [(r.method.upper(), r.path, r.action) for r in upstream.routes]
     loose = [segment.casefold().rstrip(" .") for segment in segments]  # IIS drops those

@@ -32,6 +32,15 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v1/payment_intents/{payment_intent}/cancel", "stripe.cancel_payment_intent"),
     ("DELETE", "/v1/customers/{customer}", "stripe.delete_customer"),
 )
+# Writes that make a refund by another road (with the field that makes it one, None: always).
+# ctrlrun decides a refund only as ``stripe.refund``, so these are refused even where
+# unmapped writes are allowed: forwarded, they would refund past the policy and the ledger.
+REFUND_ROADS: tuple[tuple[str, str, str | None], ...] = (
+    # A credit note on a paid invoice creates a refund of its charge for ``refund_amount``.
+    ("POST", "/v1/credit_notes", "refund_amount"),
+    # An in-person refund (Interac) through a Terminal reader.
+    ("POST", "/v1/terminal/readers/{reader}/refund_payment", None),
+)
 
 _KEY = re.compile(r"([^\[\]]+)((?:\[[^\[\]]*\])*)\Z")
 _PART = re.compile(r"\[([^\[\]]*)\]")
@@ -68,7 +77,24 @@ def map_stripe(request: Request, segments: list[str]) -> RouteResult:
             _add_payment_id(arguments)
         check_arguments(arguments)
         return Mapped(action, arguments)
+    _refuse_other_refunds(request, segments)
     return Unmapped(f"no Stripe route maps {request.method} {shown(request.path)}")
+
+
+def _refuse_other_refunds(request: Request, segments: list[str]) -> None:
+    for method, template, field in REFUND_ROADS:
+        if method != request.method or match_path(template, segments) is None:
+            continue
+        if field is not None:
+            check_body(request)
+            if field not in _fields(request):
+                continue
+        given = f" with {field}" if field else ""
+        link = " (then link it to the credit note with refunds[0][refund])" if field else ""
+        raise BadInput(
+            f"{method} {template}{given} makes a refund, which ctrlrun decides only as "
+            f"POST /v1/refunds (stripe.refund): refund there{link}"
+        )
 
 
 def check_headers(request: Request) -> None:
