@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mitmproxy import addons, connection, options
+from mitmproxy import log as mitmlog
 from mitmproxy.proxy import server_hooks
 from mitmproxy.tools.dump import DumpMaster
 
 from ctrlrun.errors import CTRLRunError
 from ctrlrun.proxy import master as lean
+from ctrlrun.proxy.addon import CtrlrunAddon
 from ctrlrun.proxy.config import Upstream
 from ctrlrun.proxy.recognize import Recognizer
 from ctrlrun.proxy.tunnels import GuardedNextLayer
@@ -99,6 +102,18 @@ def test_the_master_has_exactly_the_sidecars_addons_in_mitmproxys_order(tmp_path
     assert names(master.addons.chain) == CHAIN
     assert isinstance(master.addons.get("nextlayer"), GuardedNextLayer)
     assert list(lean.ADDONS) == CHAIN
+
+
+def test_no_log_record_becomes_an_add_log_event_nobody_hooks(tmp_path: Path) -> None:
+    seen: list[list[Any]] = []
+
+    async def handlers(master: Any) -> None:
+        seen.append(list(logging.getLogger().handlers))
+
+    master = build(tmp_path, then=handlers)
+    assert not any(isinstance(h, mitmlog.LegacyLogEvents) for h in seen[0])
+    assert master.addons.callables("add_log") == ()
+    assert not hasattr(CtrlrunAddon, "add_log")  # added to the chain by the server
 
 
 def test_mitmproxys_default_addons_are_the_ones_this_sidecar_was_built_against() -> None:
