@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument, PolicyError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 
 def policy_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -34,9 +38,42 @@ def store_url(explicit: str | None = None, policy: str | os.PathLike[str] | None
     if state is not None:
         if not state.strip():
             raise InvalidArgument("CTRLRUN_STATE is set but empty; unset it or name a SQLite file")
-        return f"sqlite:///{Path(state).resolve()}"
+        return sqlite_url(Path(state).resolve())
     base = policy_path(policy).resolve().parent
-    return f"sqlite:///{base / '.ctrlrun' / 'state.db'}"
+    return sqlite_url(base / ".ctrlrun" / "state.db")
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """The store URL of a SQLite file, ``?`` and ``#`` in its name escaped (``%3F``, ``%23``)."""
+    from sqlalchemy.engine import URL
+
+    return URL.create("sqlite", database=str(path)).render_as_string()
+
+
+def parse_store_url(url: str) -> URL:
+    """``url`` parsed; InvalidArgument (one line, naming the forms) if it is not a URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise InvalidArgument(
+            f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)"
+        ) from None
+    if parsed.drivername.startswith("sqlite") and "?" in url:
+        # The URL's query, not part of the name: "sqlite:///a?b.db" would name the file "a".
+        raise InvalidArgument(
+            f"a sqlite store URL takes no query: {url!r} (write ? as %3F in a file name)"
+        )
+    return parsed
+
+
+def sqlite_file(parsed: URL) -> str:
+    """The file a ``sqlite:///PATH`` URL names; InvalidArgument when it names none."""
+    if not parsed.database:
+        raise InvalidArgument("a sqlite store URL needs a file: sqlite:///path/to/state.db")
+    return parsed.database
 
 
 def environment() -> str:

@@ -8,12 +8,15 @@ ledger that was lost while in use, and the doctor is how an operator looks at on
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL
 
+from .config import parse_store_url, sqlite_file
 from .errors import InvalidArgument
 from .identity import NEW_LEDGER_HINT, marker_path, read_marker, write_marker
 from .receipts import verify_chain
@@ -31,12 +34,13 @@ class Finding:
 
 def diagnose(url: str) -> list[Finding]:
     """Every check that applies to the ledger at ``url``; the first failing one may end it."""
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite"):
+    path = _sqlite_path(url)
+    if path is None:
         return _diagnose_server(url)
-    path = Path(parsed.database or "")
     found: list[Finding] = []
     marker = read_marker(path)
+    if path.is_dir():
+        return [Finding("file", False, f"{path} is a directory", "name the ledger's file in it")]
     size = path.stat().st_size if path.exists() else None
     if not size:
         state = "missing" if size is None else "0 bytes"
@@ -44,20 +48,47 @@ def diagnose(url: str) -> list[Finding]:
         fix = f"restore it, or {NEW_LEDGER_HINT}"
         return [Finding("file", False, f"{path} is {state}{was}", fix)]
     found.append(Finding("file", True, f"{path}: {size} bytes"))
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(20)")]
-        if problems != ["ok"]:
-            fix = "restore it from a backup (sqlite3 state.db '.recover' may save some of it)"
-            found.append(Finding("integrity", False, "; ".join(problems[:3]), fix))
-            return found
-        found.append(Finding("integrity", True, "PRAGMA integrity_check: ok"))
-        identity = _read_identity(conn)
+    try:
+        with closing(sqlite3.connect(f"{_file_uri(path)}?mode=ro", uri=True)) as conn:
+            trouble = _integrity(conn)
+            identity = _read_identity(conn)
+    except sqlite3.DatabaseError as exc:  # not a database (or its header is lost), unreadable
+        fix = f"if it is the ledger, restore it from a backup; if not, {_ELSEWHERE}"
+        return [*found, Finding("integrity", False, f"{path} cannot be read: {exc}", fix)]
+    if trouble is not None:
+        return [*found, trouble]
+    found.append(Finding("integrity", True, "PRAGMA integrity_check: ok"))
     found.append(_identity(path, identity, marker))
     if marker is not None and "lost" in marker:
         fix = f"restore the ledger, then run ctrlrun doctor --store-url {url} --accept"
         found.append(Finding("in use", False, f"lost while in use: {marker['lost']}", fix))
-    found.append(_chain(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    found.append(_chain(URL.create("sqlite", database=_file_uri(path), query=READ_ONLY)))
     return found
+
+
+READ_ONLY = {"mode": "ro", "uri": "true"}  # for pysqlite: the file: URI, read only
+_ELSEWHERE = "point --store-url at the ledger (the proxy's --store-url, or .ctrlrun/state.db)"
+
+
+def _file_uri(path: Path) -> str:
+    # SQLite reads "?" and "#" in a file: URI as its query and fragment: quoted, they stay
+    # part of the name.
+    return "file:" + quote(str(path), safe="/")
+
+
+def _integrity(conn: sqlite3.Connection) -> Finding | None:
+    """A failing finding if the file is damaged or holds no ledger; None if it is whole."""
+    problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(20)")]
+    if problems != ["ok"]:
+        fix = "restore it from a backup (sqlite3 state.db '.recover' may save some of it)"
+        return Finding("integrity", False, "; ".join(problems[:3]), fix)
+    tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = sorted({"effects", "events", "receipts"} - tables)
+    if missing:
+        fix = _ELSEWHERE[0].upper() + _ELSEWHERE[1:]
+        detail = f"a SQLite database, but not a ctrlrun ledger (no {', '.join(missing)} table)"
+        return Finding("integrity", False, detail, fix)
+    return None
 
 
 def _read_identity(conn: sqlite3.Connection) -> str | None:
@@ -80,7 +111,7 @@ def _identity(path: Path, identity: str | None, marker: dict[str, str] | None) -
     )
 
 
-def _chain(url: str) -> Finding:
+def _chain(url: URL) -> Finding:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -111,13 +142,20 @@ def _diagnose_server(url: str) -> list[Finding]:
     return found
 
 
+def _sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite ledger URL; None for another kind of URL."""
+    parsed = parse_store_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    return Path(sqlite_file(parsed))
+
+
 def accept(url: str) -> str:
     """Trust the SQLite ledger at ``url`` as it is now: the marker takes its identity."""
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite"):
+    path = _sqlite_path(url)
+    if path is None:
         raise InvalidArgument("--accept applies to a SQLite ledger")
-    path = Path(parsed.database or "")
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+    with closing(sqlite3.connect(f"{_file_uri(path)}?mode=ro", uri=True)) as conn:
         identity = _read_identity(conn)
     if identity is None:
         raise InvalidArgument(f"{path} has no ledger identity; open it once with ctrlrun first")

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from .config import sqlite_url
 from .errors import StoreError
 from .schema import ledger_identity
 
@@ -101,7 +102,7 @@ def check_at_start(path: Path, *, new: bool) -> None:
     if "lost" in marker:
         raise LedgerLost(
             f"the ledger at {path} was lost while in use ({marker['lost']}). Restore it, then "
-            f"clear this with `ctrlrun doctor --store-url sqlite:///{path} --accept`"
+            f"clear this with `ctrlrun doctor --store-url {sqlite_url(path)} --accept`"
         )
 
 

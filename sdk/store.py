@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import NoSuchModuleError
 
 from . import identity as ident
 from .checkpoint import Checkpointer
 from .clocks import Clock, LedgerClock, Skew, utc_now
-from .config import clock_skew_bound, store_url
+from .config import clock_skew_bound, parse_store_url, sqlite_file, store_url
 from .driver_errors import is_driver_error, map_driver_errors, one_line
 from .errors import ConnectionLost, InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
@@ -246,7 +246,10 @@ class SQLiteStateStore(StateStore):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.exists():
             raise NoLedger(f"no ctrlrun ledger at {self.path}")
-        engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
+        # Not a string to parse: "?" or "#" in the path would be read as the URL's query.
+        engine = create_engine(
+            URL.create("sqlite", database=str(self.path)), connect_args={"timeout": 30}
+        )
         event.listen(engine, "connect", sqlite_connect)
         self._checkpointer: Checkpointer | None = None
         self._anchor: sqlite3.Connection | None = None
@@ -316,7 +319,7 @@ class PostgresStateStore(StateStore):
             import psycopg  # noqa: F401
         except ImportError:
             raise MissingDependency("psycopg", "postgres") from None
-        parsed = make_url(url)
+        parsed = parse_store_url(url)
         if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
             parsed = parsed.set(drivername="postgresql+psycopg")
         else:
@@ -365,16 +368,9 @@ def open_store(url: str, *, create: bool = True, new: bool = False) -> StateStor
     ``new``: create a SQLite ledger even where one was created before and is now missing or
     empty (the operator's ``--create-ledger``); an existing ledger is opened, never recreated.
     """
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise InvalidArgument(
-            f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)"
-        ) from None
+    parsed = parse_store_url(url)
     if parsed.drivername.startswith("sqlite"):
-        if not parsed.database:
-            raise InvalidArgument("a sqlite store URL needs a file: sqlite:///path/to/state.db")
-        return SQLiteStateStore(parsed.database, create=create, new=new)
+        return SQLiteStateStore(sqlite_file(parsed), create=create, new=new)
     if parsed.drivername.split("+")[0] in ("postgresql", "postgres"):
         try:
             return PostgresStateStore(url, create=create)
