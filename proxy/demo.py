@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from ctrlrun.config import sqlite_url
 from ctrlrun.errors import CTRLRunError
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
@@ -70,7 +71,7 @@ def sidecar(workdir: Path, stripe: str, kube: str, more: str = "") -> Iterator[t
     policy = workdir / "ctrlrun.yaml"
     text = POLICY.format(stripe=stripe, kube=kube, stripe_port=sp, kube_port=kp, more=more)
     policy.write_text(text)
-    store = f"sqlite:///{workdir / 'state.db'}"
+    store = sqlite_url(workdir / "state.db")
     log = (workdir / "proxy.log").open("w")
     env = {**_env(), "CTRLRUN_DEMO_STRIPE_KEY": API_KEY}
     proc = subprocess.Popen(
@@ -120,7 +121,7 @@ def _env() -> dict[str, str]:
 
 def _cli(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """An operator's ``ctrlrun`` command on the demo's ledger."""
-    store = f"sqlite:///{workdir / 'state.db'}"
+    store = sqlite_url(workdir / "state.db")
     return subprocess.run(
         [sys.executable, "-m", "ctrlrun.cli", *args, "--store-url", store],
         capture_output=True,
@@ -239,7 +240,7 @@ def run(workdir: Path, say: Callable[[str], None] = print) -> int:
             demo_mcp.scene(f"http://127.0.0.1:{mp}", mcp, stripe, API_KEY, say, check)
             say(f"   Stripe applied {stripe.writes_applied} write(s) in all")
     say("")
-    say(f"Read the receipts: ctrlrun receipts --store-url sqlite:///{workdir / 'state.db'}")
+    say(f"Read the receipts: ctrlrun receipts --store-url {sqlite_url(workdir / 'state.db')}")
     return 0 if ok else 1
 
 

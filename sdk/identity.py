@@ -217,5 +217,5 @@ def lost_message(path: Path, what: str, rescued: Path | None) -> str:
     return (
         f"the ledger at {path} {what} while in use: protected writes are refused ({saved}"
         f"stop this process, check the ledger with `ctrlrun doctor --store-url "
-        f"sqlite:///{path}`, restore it, then restart)"
+        f"{sqlite_url(path)}`, restore it, then restart)"
     )
