@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
 from ..messages import Request
 from .errors import parse_json
@@ -69,8 +70,30 @@ class Call:
         return options if isinstance(options, dict) else {}
 
 
-def is_dry_run(query: Mapping[str, str]) -> bool:
-    return query.get("dryRun") == "All"
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# net/url's urlmaxqueryparams (Go 1.24.12, 1.25.6 and later): past it, no parameter is read.
+GO_MAX_QUERY_PARAMETERS = 10_000
+
+
+def go_query(target: str) -> dict[str, list[str]]:
+    """The query as the apiserver reads it (Go's ``url.ParseRequestURI`` and ``URL.Query``):
+    everything after the first '?', a '#' included; a pair holding ';' or a bad escape is
+    dropped, and a query of more than 10,000 parameters is not read at all."""
+    raw = target.partition("?")[2]
+    query: dict[str, list[str]] = {}
+    if raw.count("&") + 1 > GO_MAX_QUERY_PARAMETERS:
+        return query
+    for pair in raw.split("&"):
+        if not pair or ";" in pair or _BAD_ESCAPE.search(pair):
+            continue
+        key, _, value = pair.partition("=")
+        query.setdefault(unquote_plus(key), []).append(unquote_plus(value))
+    return query
+
+
+def is_dry_run(query: Mapping[str, list[str]]) -> bool:
+    values = query.get("dryRun", [])
+    return bool(values) and all(value == "All" for value in values)
 
 
 def dry_run_of(request: Request) -> bool:
@@ -83,7 +106,7 @@ def dry_run_of(request: Request) -> bool:
         except (ValueError, UnicodeDecodeError):
             return False
         return isinstance(options, dict) and options.get("dryRun") == ["All"]
-    return is_dry_run(dict(request.query))
+    return is_dry_run(go_query(request.target))
 
 
 def route(request: Request) -> Call | None:

@@ -1,0 +1,62 @@
+"""Kubernetes writes whose request target Go's apiserver reads otherwise than Python: the
+route refuses them; the same writes spelt plainly are still decided."""
+
+from __future__ import annotations
+
+import pytest
+from mitmproxy.test import tflow, tutils
+
+from ctrlrun.proxy.addon import facts
+from ctrlrun.proxy.config import Upstream
+from ctrlrun.proxy.route_values import KubeWrite
+from ctrlrun.proxy.routes import Invalid, PassThrough, Request, map_request
+from ctrlrun.testing.kubernetes.routes import go_query
+
+KUBE = Upstream(
+    name="prod-eu",
+    profile="kubernetes",
+    url="https://10.0.0.1:6443",
+    scheme="https",
+    host="10.0.0.1",
+    port=6443,
+    cluster="eu-1",
+)
+SCALE = "/apis/apps/v1/namespaces/prod/deployments/web/scale"
+MERGE = "application/merge-patch+json"
+BODY = b'{"spec":{"replicas":6}}'
+
+
+def flow_request(target: str, method: str = "PATCH", body: bytes = BODY) -> Request:
+    """What the addon makes of a request with this exact target."""
+    flow = tutils.treq(method=method.encode(), path=target.encode(), content=body)
+    flow.headers["content-type"] = MERGE
+    return facts(tflow.tflow(req=flow))
+
+
+def test_the_fake_reads_a_query_as_go_does() -> None:
+    assert go_query("/x?dryRun=All") == {"dryRun": ["All"]}
+    assert go_query("/x?dryRun=All#;") == {}
+    assert go_query("/x?a=1#&dryRun=All") == {"a": ["1#"], "dryRun": ["All"]}
+    assert go_query("/x?dryRun=All#%zz") == {}
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        f"{SCALE}?dryRun=All#;",
+        f"{SCALE}?dryRun=All#%zz",
+        f"{SCALE}#?dryRun=All",
+        f"{SCALE}?fieldManager=me#x",
+    ],
+)
+def test_a_hash_in_a_writes_target_is_refused(target: str) -> None:
+    request = flow_request(target)
+    assert request.fragment
+    result = map_request(KUBE, request)
+    assert isinstance(result, Invalid), result
+    assert "'#'" in result.reason
+
+
+def test_the_same_writes_without_a_hash_are_decided() -> None:
+    assert isinstance(map_request(KUBE, flow_request(f"{SCALE}?dryRun=All")), PassThrough)
+    assert isinstance(map_request(KUBE, flow_request(f"{SCALE}?fieldManager=me")), KubeWrite)
