@@ -320,6 +320,7 @@ def facts(flow: http.HTTPFlow) -> Request:
         ),
         # mitmproxy's query ends at a '#', the target forwarded does not (``unreadable``).
         fragment="#" in req.path,
+        raw_query=req.path.partition("?")[2],
     )
 
 

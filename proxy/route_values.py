@@ -63,6 +63,7 @@ class Request:
     repeated: frozenset[str] = frozenset()  # lower-case names of headers sent more than once
     folded: frozenset[str] = frozenset()  # lower-case names of headers with a line break
     fragment: bool = False  # the target as sent holds a '#'
+    raw_query: str = ""  # the target after its first '?', as sent ('#' and all)
 
 
 @dataclass(frozen=True)

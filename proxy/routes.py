@@ -58,6 +58,11 @@ __all__ = [
     "map_request",
 ]
 
+# Go's net/url reads no query of more than 10,000 parameters (urlmaxqueryparams, since Go
+# 1.24.12 and 1.25.6): the apiserver then sees none, not the dryRun=All that ctrlrun adds to
+# ask what a write would do, so that question is the write itself. PHP stops at 1,000.
+MAX_QUERY_PARAMETERS = 1000
+
 
 def map_request(upstream: Upstream, request: Request) -> RouteResult:
     """Say what ``request``, sent to ``upstream``, is; never raises.
@@ -74,6 +79,11 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
         if upstream.profile == "kubernetes" and _is_watch(request):
             return PassThrough("a Kubernetes watch is a read")
         return PassThrough(f"{request.method} is a read")
+    if request.raw_query.count("&") >= MAX_QUERY_PARAMETERS:
+        return Invalid(
+            f"the query has more than {MAX_QUERY_PARAMETERS:,} parameters, past which servers "
+            "stop reading it; send fewer"
+        )
     method = request.method.upper()
     override = overridden(request.headers, request.query) or body_override(request)
     if override is not None:

@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from harness import Sidecar
+from harness import POLICY, Sidecar, start_sidecar
 from test_attacks_kube import MERGE, send
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -41,3 +42,29 @@ def test_a_dry_run_cut_short_by_a_hash_is_refused(
     sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], query: str
 ) -> None:
     refused(sidecar, fakes[1], SCALE + query)
+
+
+DENY_SCALE = POLICY.replace(
+    'effect: "scale:{{cluster}}:{{deployment}}:{{replicas}}"\n    decision: allow',
+    'effect: "scale:{{cluster}}:{{deployment}}:{{replicas}}"\n    decision: deny',
+)
+TOO_MANY = "?" + "&" * 10_000  # 10,001 parameters: Go's apiserver reads none of them
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        # ctrlrun asks the apiserver what the write does with the agent's query plus
+        # "&dryRun=All"; past 10,000 parameters Go reads none, and that question is the write.
+        TOO_MANY + "fieldManager=agent",
+        TOO_MANY + "dryRun=All",  # the agent's own dry run, unread by Go: a real write
+    ],
+)
+def test_a_query_too_long_for_go_is_refused(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], query: str
+) -> None:
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
+    try:
+        refused(sidecar, fakes[1], SCALE + query)
+    finally:
+        sidecar.stop()

@@ -60,3 +60,23 @@ def test_a_hash_in_a_writes_target_is_refused(target: str) -> None:
 def test_the_same_writes_without_a_hash_are_decided() -> None:
     assert isinstance(map_request(KUBE, flow_request(f"{SCALE}?dryRun=All")), PassThrough)
     assert isinstance(map_request(KUBE, flow_request(f"{SCALE}?fieldManager=me")), KubeWrite)
+
+
+def test_the_fake_reads_no_query_past_goes_limit() -> None:
+    assert go_query("/x?" + "&" * 9_999 + "dryRun=All") == {"dryRun": ["All"]}
+    assert go_query("/x?" + "&" * 10_000 + "dryRun=All") == {}
+
+
+@pytest.mark.parametrize(
+    ("query", "refused"),
+    [
+        ("&" * 999 + "fieldManager=me", False),  # 1,000 parameters
+        ("&" * 1000 + "fieldManager=me", True),
+        ("&" * 10_000 + "dryRun=All", True),
+    ],
+)
+def test_a_write_with_too_many_query_parameters_is_refused(query: str, refused: bool) -> None:
+    result = map_request(KUBE, flow_request(f"{SCALE}?{query}"))
+    assert isinstance(result, Invalid) is refused, result
+    if refused:
+        assert "more than 1,000 parameters" in result.reason
