@@ -39,7 +39,14 @@ from .mcp_messages import (
 )
 from .mcp_sessions import HEADER, Sessions, header
 from .refusals import Refusal
-from .route_values import MAX_BODY, READ_METHODS, PassThrough, Request, overridden
+from .route_values import (
+    BODY_HEADERS,
+    MAX_BODY,
+    READ_METHODS,
+    PassThrough,
+    Request,
+    overridden,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +98,10 @@ class McpGate:
         try:
             if len(request.body) > MAX_BODY:
                 raise ProtocolError(-32600, f"the body is over {MAX_BODY} bytes")
+            for name in sorted(BODY_HEADERS & request.repeated):
+                # Node keeps the first of two, ctrlrun reads the last: the TypeScript SDK's
+                # server decodes the body in the first one's charset (UTF-7 included).
+                raise ProtocolError(-32600, f"the header {name} is sent more than once")
             messages = load_messages(request.body, request.headers)
         except ProtocolError as exc:
             return _protocol(exc)

@@ -1,0 +1,49 @@
+"""What the MCP gate refuses before any message is decided or forwarded, pure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+import pytest
+
+from ctrlrun.proxy.config import Upstream
+from ctrlrun.proxy.guard import Guard
+from ctrlrun.proxy.mcp_config import McpSettings
+from ctrlrun.proxy.mcp_gate import McpGate, McpHandled
+from ctrlrun.proxy.route_values import PassThrough, Request
+
+UP = Upstream("m", "mcp", "http://mcp.test", "http", "mcp.test", 80, mcp=McpSettings())
+PING = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+JSON = {"content-type": "application/json"}
+
+
+def handle(request: Request) -> McpHandled | PassThrough:
+    # Nothing here reaches a tool call, so the gate never asks its guard.
+    gate = McpGate(cast(Guard, object()))
+    got = gate.handle(UP, request, target=request.path, headers=[], principal=None)
+    return asyncio.run(got)
+
+
+def refused(request: Request) -> str:
+    got = handle(request)
+    assert isinstance(got, McpHandled), got
+    assert got.status == 400 and got.decisions[0]["outcome"] == "invalid_request"
+    message: Any = json.loads(got.body)["error"]["message"]
+    assert isinstance(message, str) and message.startswith("ctrlrun: ")
+    return message
+
+
+def post(body: bytes = PING, path: str = "/mcp", **kw: Any) -> Request:
+    return Request("POST", path, headers=kw.pop("headers", JSON), body=body, **kw)
+
+
+def test_a_plain_message_passes() -> None:
+    assert isinstance(handle(post()), PassThrough)
+
+
+@pytest.mark.parametrize("name", ["content-type", "content-encoding"])
+def test_a_body_header_sent_twice_is_refused(name: str) -> None:
+    message = refused(post(repeated=frozenset({name})))
+    assert f"the header {name} is sent more than once" in message
