@@ -75,11 +75,17 @@ def load_messages(body: bytes, headers: Mapping[str, str]) -> list[Any] | dict[s
 
 
 def _check_message(message: Mapping[str, Any]) -> None:
-    """A JSON-RPC 2.0 request, notification or response, with its members spelt exactly.
+    """A JSON-RPC 2.0 request, notification or response: its members and no others, spelt
+    exactly.
 
     Anything else is not MCP: another API on the same host (``POST /v1/refunds`` with a JSON
     body) would pass as "no tools/call" and reach the server undecided."""
     _exact_members(message, ENVELOPE_KEYS, "a message")
+    extra = next((key for key in message if key not in ENVELOPE_KEYS), None)
+    if extra is not None:
+        # A REST API beside the endpoint reads its own fields from such a body (and Laravel
+        # a "_method" as the method to run), ignoring "jsonrpc" and "method".
+        raise ProtocolError(INVALID_REQUEST, f"JSON-RPC has no member {extra[:40]!r}")
     response = "id" in message and ("result" in message) != ("error" in message)
     if message.get("jsonrpc") != "2.0" or not (isinstance(message.get("method"), str) or response):
         raise ProtocolError(

@@ -108,3 +108,36 @@ def test_a_second_content_type_cannot_hide_the_charset_a_server_decodes_with(
         assert "content-type is sent more than once" in got.text
     # One Content-Type naming UTF-7 was refused already; a plain one still passes.
     assert client.post(mcp_server.url, content=PING, headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        # A REST API beside the MCP endpoint reads its fields and ignores "jsonrpc", "method".
+        (
+            "/v1/refunds",
+            '{"jsonrpc":"2.0","method":"notifications/initialized",'
+            '"payment_intent":"{pi}","amount":900000}',
+        ),
+        ("/v1/refunds", '[{"jsonrpc":"2.0","id":4,"method":"ping","amount":900000}]'),
+        # Laravel reads "_method" from a JSON body as the method to run: a DELETE.
+        ("/v1/customers/cus_1", '{"jsonrpc":"2.0","id":5,"method":"ping","_method":"DELETE"}'),
+        # A response-shaped message carrying a request's fields.
+        ("/", '{"jsonrpc":"2.0","id":6,"result":{},"name":"create_refund","arguments":{}}'),
+    ],
+)
+def test_members_json_rpc_does_not_have_are_refused(
+    sc: Sidecar,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    mcp_server: FakeStripeMcp,
+    http: tuple[httpx.Client, dict[str, str]],
+    path: str,
+    body: str,
+) -> None:
+    client, headers = http
+    pi = fakes[0].add_payment_intent(amount=1_000_000)["id"]
+    before = len(mcp_server.requests)
+    got = client.post(mcp_server.url + path, content=body.replace("{pi}", pi), headers=headers)
+    _refused_unsent(got, mcp_server, before)
+    assert "JSON-RPC has no member" in got.text, got.text
+    assert client.post(mcp_server.url, content=PING, headers=headers).status_code == 200

@@ -47,3 +47,16 @@ def test_a_plain_message_passes() -> None:
 def test_a_body_header_sent_twice_is_refused(name: str) -> None:
     message = refused(post(repeated=frozenset({name})))
     assert f"the header {name} is sent more than once" in message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "method": "notifications/initialized", "amount": 900000},
+        {"jsonrpc": "2.0", "id": 1, "method": "ping", "_method": "DELETE"},
+        {"jsonrpc": "2.0", "id": 1, "result": {}, "name": "create_refund"},
+        [{"jsonrpc": "2.0", "id": 1, "method": "ping", "payment_intent": "pi_1"}],
+    ],
+)
+def test_a_member_json_rpc_does_not_have_is_refused(message: Any) -> None:
+    assert "JSON-RPC has no member" in refused(post(json.dumps(message).encode()))
