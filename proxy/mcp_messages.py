@@ -27,6 +27,35 @@ MAX_DEPTH = 64
 # is "method" there), so a key that is one of these but for its case is refused.
 ENVELOPE_KEYS = ("jsonrpc", "id", "method", "params", "result", "error")
 PARAMS_KEYS = ("name", "arguments", "_meta")
+# The requests and notifications an MCP client sends a server (the ``mcp`` SDK's
+# ClientRequest and ClientNotification). Any other method on the host may be another
+# JSON-RPC API's write, which ctrlrun would pass undecided as "no tools/call".
+CLIENT_METHODS = frozenset(
+    {
+        "completion/complete",
+        "initialize",
+        "logging/setLevel",
+        "notifications/cancelled",
+        "notifications/initialized",
+        "notifications/progress",
+        "notifications/roots/list_changed",
+        "notifications/tasks/status",
+        "ping",
+        "prompts/get",
+        "prompts/list",
+        "resources/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/templates/list",
+        "resources/unsubscribe",
+        "tasks/cancel",
+        "tasks/get",
+        "tasks/list",
+        "tasks/result",
+        "tools/call",
+        "tools/list",
+    }
+)
 
 RequestId = str | int
 
@@ -87,11 +116,14 @@ def _check_message(message: Mapping[str, Any]) -> None:
         # a "_method" as the method to run), ignoring "jsonrpc" and "method".
         raise ProtocolError(INVALID_REQUEST, f"JSON-RPC has no member {extra[:40]!r}")
     response = "id" in message and ("result" in message) != ("error" in message)
-    if message.get("jsonrpc") != "2.0" or not (isinstance(message.get("method"), str) or response):
+    method = message.get("method")
+    if message.get("jsonrpc") != "2.0" or not (isinstance(method, str) or response):
         raise ProtocolError(
             INVALID_REQUEST,
             'not a JSON-RPC 2.0 message ("jsonrpc": "2.0" and a method or a result)',
         )
+    if isinstance(method, str) and method not in CLIENT_METHODS:
+        raise ProtocolError(INVALID_REQUEST, f"{method[:60]!r} is not a method MCP clients send")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

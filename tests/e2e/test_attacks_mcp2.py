@@ -141,3 +141,32 @@ def test_members_json_rpc_does_not_have_are_refused(
     _refused_unsent(got, mcp_server, before)
     assert "JSON-RPC has no member" in got.text, got.text
     assert client.post(mcp_server.url, content=PING, headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Another JSON-RPC API on the MCP host: its methods are its writes.
+        '{"jsonrpc":"2.0","id":7,"method":"refunds.create","params":{"payment_intent":"{pi}"}}',
+        '{"jsonrpc":"2.0","method":"notifications/refund","params":{"payment_intent":"{pi}"}}',
+        '[{"jsonrpc":"2.0","id":8,"method":"eth_sendTransaction","params":[]}]',
+        # Not MCP's spelling: no tool call to ctrlrun, and not ctrlrun's to guess at.
+        '{"jsonrpc":"2.0","id":9,"method":"tools/call ","params":{"name":"create_refund"}}',
+    ],
+)
+@pytest.mark.parametrize("path", ["/", "/rpc"])
+def test_a_method_mcp_does_not_have_is_refused(
+    sc: Sidecar,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    mcp_server: FakeStripeMcp,
+    http: tuple[httpx.Client, dict[str, str]],
+    body: str,
+    path: str,
+) -> None:
+    client, headers = http
+    pi = fakes[0].add_payment_intent(amount=1_000_000)["id"]
+    before = len(mcp_server.requests)
+    got = client.post(mcp_server.url + path, content=body.replace("{pi}", pi), headers=headers)
+    _refused_unsent(got, mcp_server, before)
+    assert "is not a method MCP clients send" in got.text, got.text
+    assert client.post(mcp_server.url, content=PING, headers=headers).status_code == 200

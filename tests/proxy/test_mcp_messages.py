@@ -45,7 +45,7 @@ def test_bodies_ctrlrun_cannot_read_with_certainty_are_refused(
 
 def test_a_message_and_a_batch() -> None:
     assert load_messages(json.dumps(CALL).encode(), {}) == CALL
-    note = {"jsonrpc": "2.0", "method": "x"}
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
     assert load_messages(json.dumps([CALL, note]).encode(), {}) == [CALL, note]
 
 
