@@ -78,6 +78,16 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
                 "workload": f"{singular}/{name}",
             }
             write = KubeWrite(kind, namespace, name, rest == ["scale"], "", None, arguments)
+        case ["api", "v1", "nodes", node, "proxy", *_] | ["api", "v1", "proxy", "nodes", node, *_]:
+            # The apiserver relays these to the kubelet with its own client certificate, which
+            # the kubelet obeys: POST /run/{namespace}/{pod}/{container}?cmd=... runs a command
+            # with no Upgrade (an exec by another road), and its other writes (exec, attach,
+            # portForward, checkpoint, debug/flags) are as strong. /api/v1/proxy/ is the form
+            # before Kubernetes 1.10.
+            raise BadInput(
+                f"a {method} through node {node!r}'s proxy reaches its kubelet, which runs "
+                "commands in pods; ctrlrun decides those only as pods/{pod}/exec: use it"
+            )
         case _:
             return _unmapped(request)
     check_body(request)

@@ -68,3 +68,30 @@ def test_a_query_too_long_for_go_is_refused(
         refused(sidecar, fakes[1], SCALE + query)
     finally:
         sidecar.stop()
+
+
+ALLOW_UNMAPPED = POLICY.replace(
+    "    cluster: prod-eu\n", "    cluster: prod-eu\n    unmapped_writes: allow\n"
+)
+
+
+def test_a_command_run_through_the_node_proxy_is_refused_under_unmapped_writes_allow(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    # The kubelet's /run takes a POST with no Upgrade and runs ?cmd= in the container: under
+    # unmapped_writes: allow it would be forwarded as an unmapped write, not decided as exec.
+    kube = fakes[1]
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True)
+    try:
+        target = "/api/v1/nodes/node-1/proxy/run/default/checkout-0/app?cmd=rm+-rf+/data"
+        status, got, text = send(sidecar.kube_base, "POST", target, [])
+        assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
+        assert status == 422 and b"kubelet" in text
+        assert kube.count("POST") == 0
+        # Other unmapped writes still go, recorded: the fake answers this one 404.
+        status, got, _ = send(
+            sidecar.kube_base, "POST", "/api/v1/namespaces/default/configmaps", []
+        )
+        assert kube.count("POST") == 1
+    finally:
+        sidecar.stop()

@@ -3,6 +3,8 @@ route refuses them; the same writes spelt plainly are still decided."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from mitmproxy.test import tflow, tutils
 
@@ -80,3 +82,28 @@ def test_a_write_with_too_many_query_parameters_is_refused(query: str, refused: 
     assert isinstance(result, Invalid) is refused, result
     if refused:
         assert "more than 1,000 parameters" in result.reason
+
+
+ALLOW = dataclasses.replace(KUBE, unmapped_writes="allow")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/v1/nodes/n1/proxy/run/prod/web-0/app"),  # runs ?cmd=, no Upgrade
+        ("POST", "/api/v1/nodes/n1:10250/proxy/exec/prod/web-0/app"),
+        ("PUT", "/api/v1/nodes/https:n1:10250/proxy/debug/flags/v"),
+        ("POST", "/api/v1/proxy/nodes/n1/run/prod/web-0/app"),  # before Kubernetes 1.10
+    ],
+)
+def test_a_write_to_a_kubelet_through_the_node_proxy_is_refused(method: str, path: str) -> None:
+    request = Request(method, path, {"cmd": ["rm -rf /data"]}, {}, b"")
+    for upstream in (KUBE, ALLOW):  # whatever unmapped_writes says
+        result = map_request(upstream, request)
+        assert isinstance(result, Invalid), result
+        assert "kubelet" in result.reason
+
+
+def test_a_read_through_the_node_proxy_is_still_a_read() -> None:
+    request = Request("GET", "/api/v1/nodes/n1/proxy/metrics", {}, {}, b"")
+    assert isinstance(map_request(ALLOW, request), PassThrough)
