@@ -14,6 +14,13 @@ from ctrlrun.errors import MissingDependency
 from .common import errors, store_option
 
 
+def _principal(value: str | None) -> str | None:
+    # Empty, it would be no principal at all: a sidecar that refuses every protected write.
+    if value is not None and not value.strip():
+        raise click.BadParameter("empty: name the agent this sidecar speaks for, e.g. refund-agent")
+    return value
+
+
 @click.command()
 @click.option(
     "--dir",
@@ -59,7 +66,12 @@ def demo(workdir: str) -> None:
     "redirected by netfilter (deploy/ctrlrun-egress.sh), for agents that ignore proxies.",
 )
 @store_option
-@click.option("--principal", metavar="NAME", help="The agent this sidecar speaks for.")
+@click.option(
+    "--principal",
+    metavar="NAME",
+    callback=lambda _ctx, _param, value: _principal(value),
+    help="The agent this sidecar speaks for.",
+)
 @click.option("--admin", metavar="HOST:PORT", help="Admin listener (/healthz, /readyz, /metrics).")
 @click.option(
     "--confdir",

@@ -106,6 +106,17 @@ def test_serving_a_bad_policy_exits_2_with_one_line(tmp_path: Path, name: str) -
     assert "listening" not in done.stdout
 
 
+@pytest.mark.parametrize("principal", ["", "  "])
+def test_an_empty_principal_is_refused_before_anything_listens(
+    tmp_path: Path, principal: str
+) -> None:
+    policy = tmp_path / "ctrlrun.yaml"
+    policy.write_text(GOOD_POLICY)
+    done = run_proxy(tmp_path, policy, "--principal", principal, "--check")
+    assert done.returncode == 2
+    assert "Invalid value for '--principal': empty" in done.stderr
+
+
 def test_check_accepts_a_good_policy(tmp_path: Path) -> None:
     policy = tmp_path / "ctrlrun.yaml"
     policy.write_text(GOOD_POLICY)
