@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+# Control bytes but HTAB, CR and LF (those are counted where the head is put together).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 MAX_LINE = 64 * 1024
 MAX_HEADERS = 200
 NO_BODY_STATUSES = frozenset({204, 304})
@@ -222,6 +226,14 @@ class Pool:
         breaks = len(lines) - 1  # only the ones joining the lines
         if text.count("\r") != breaks or text.count("\n") != breaks or " " in target + method:
             raise ValueError("a line break or space inside the request line or a header")
+        # A request that came in over HTTP/2 may hold bytes HTTP/1.1 forbids (the h2 library
+        # refuses line breaks, not tabs or other control bytes): none goes out in the request
+        # line, where a server may split at a tab, nor in a header, where one may cut it short;
+        # nor a header name that is not a token ("a:b: c" would be "a").
+        if _CONTROL.search(text) or "\t" in method + target:
+            raise ValueError("a control character inside the request line or a header")
+        if not all(_TOKEN.fullmatch(name) for name, _ in headers):
+            raise ValueError("a header name that is not an HTTP token")
         return text.encode("utf-8", "surrogateescape") + b"\r\n\r\n" + body
 
     async def _read_body(

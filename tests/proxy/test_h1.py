@@ -247,14 +247,42 @@ def test_no_status_line_after_the_write_is_sent_no_status(garbage: bytes) -> Non
     assert isinstance(got, h1.RequestFailed) and got.transport is Transport.SENT_NO_STATUS
 
 
-def test_a_line_break_in_a_header_is_refused_before_anything_is_sent() -> None:
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("POST", "/", [("X", "a\r\nX-Evil: 1")]),  # a line break in a header
+        ("POST", "/v1/refunds\tHTTP/1.1", []),  # what came over HTTP/2 may hold a tab
+        ("POST\t/x", "/", []),
+        ("POST", "/a\x00b", []),
+        ("POST", "/", [("X", "a\x00b")]),  # a server may cut the value at the NUL
+        ("POST", "/", [("X", "a\x0bb")]),
+        ("POST", "/", [("X", "a\x7fb")]),
+        ("POST", "/", [("a:b", "c")]),  # read as the header "a"
+        ("POST", "/", [("a b", "c")]),
+        ("POST", "/", [("", "c")]),
+    ],
+)
+def test_what_http_1_1_forbids_in_a_head_is_refused_before_anything_is_sent(
+    method: str, target: str, headers: list[tuple[str, str]]
+) -> None:
     async def go(s: Scripted) -> Any:
         pool = s.pool()
         with pytest.raises(h1.RequestFailed) as caught:
-            await pool.request("POST", "/", [("X", "a\r\nX-Evil: 1")], b"")
+            await pool.request(method, target, headers, b"")
         return caught.value.transport, s.connections
 
     assert run(answering(OK), go) == (Transport.NOT_SENT, 0)
+
+
+def test_a_tab_inside_a_header_value_is_sent_as_it_is() -> None:
+    async def go(s: Scripted) -> Any:
+        pool = s.pool()
+        try:
+            return (await pool.request("POST", "/", [("X", "a\tb")], b"")).status
+        finally:
+            await pool.aclose()
+
+    assert run(answering(OK), go) == 200
 
 
 # -- nothing sent ------------------------------------------------------------------------------
