@@ -49,6 +49,12 @@ def check_value(value: Any, where: str) -> Any:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 raise InvalidArgument(f"string at {where} is not valid UTF-8") from None
+            if type(value) is not str:
+                # An enum member or another subclass: its str() (an effect key's text) may
+                # not be its value (what the function and the remote get), so keep the value.
+                return str.__str__(value)
+        elif type(value) not in (bool, int) and value is not None:
+            return int.__int__(value)
         return value
     if isinstance(value, float):
         raise InvalidArgument(
