@@ -67,6 +67,11 @@ def protect(
         raise InvalidArgument("lease must be a positive timedelta")
 
     def decorate(fn: F) -> F:
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise InvalidArgument(
+                f"{fn.__qualname__} is a generator function: its body runs when it is iterated, "
+                "after the call is recorded; protect a function that acts when called"
+            )
         signature = inspect.signature(fn)
         for param in signature.parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -94,7 +99,7 @@ def _sync_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None) 
             pos, kw = call.arguments()
             value, _ = call.ctl.run(
                 attempt,
-                lambda: fn(*pos, **kw),
+                lambda: _acted(fn(*pos, **kw), spec.name),
                 reconcile=spec.reconcile,
                 reconcile_eagerly=spec.reconcile_eagerly,
             )
@@ -112,7 +117,7 @@ def _async_wrapper(fn: Callable[..., Any], spec: _Spec, control: Control | None)
             pos, kw = call.arguments()
             try:
                 with attempt_token(attempt.held_key), call.ctl.holding(attempt):
-                    value = await fn(*pos, **kw)
+                    value = _acted(await fn(*pos, **kw), spec.name)
             except BaseException as exc:
                 await _to_the_end(call.settle, attempt, exc)
                 raise
@@ -235,6 +240,22 @@ class _Call:
             reconcile=self.spec.reconcile,
             reconcile_eagerly=self.spec.reconcile_eagerly,
         )
+
+
+def _acted(value: T, name: str) -> T:
+    """``value``, unless it is work still to be done (an awaitable, a generator): that would
+    act after the call is recorded, outside its protection. It is closed unrun and refused,
+    and the call, whose function may have acted before returning it, is recorded ambiguous."""
+    if not (inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)):
+        return value
+    close = getattr(value, "cancel", None) or getattr(value, "close", None)
+    if callable(close) and not inspect.isasyncgen(value):
+        close()
+    raise InvalidArgument(
+        f"{name}: the protected function returned {type(value).__name__}, an awaitable or "
+        "generator that would act after the call is recorded; protect the async def itself "
+        "(or await it inside the function)"
+    )
 
 
 async def _admit(call: _Call) -> Attempt:

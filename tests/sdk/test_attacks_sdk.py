@@ -133,8 +133,9 @@ def test_a_generator_function_is_refused_at_decoration(control: Control) -> None
 
 
 def test_a_def_that_returns_an_awaitable_is_ambiguous_and_the_awaitable_never_runs(
-    control: Control, store: SQLiteStateStore
+    make_control: Callable[..., Control], store: SQLiteStateStore
 ) -> None:
+    control = make_control(POLICY)
     ran: list[str] = []
 
     async def send(payment_id: str) -> str:
@@ -155,8 +156,9 @@ def test_a_def_that_returns_an_awaitable_is_ambiguous_and_the_awaitable_never_ru
 
 
 def test_an_async_def_that_returns_an_awaitable_is_ambiguous(
-    control: Control, store: SQLiteStateStore
+    make_control: Callable[..., Control], store: SQLiteStateStore
 ) -> None:
+    control = make_control(POLICY)
     ran: list[str] = []
 
     async def send(payment_id: str) -> str:
