@@ -14,6 +14,7 @@ from .action import Action
 from .approvals import Approval
 from .budgets import BudgetCharge
 from .context import idempotency_token_for
+from .errors import NotExecuted
 from .events import EventType
 from .receipts import Receipt, write_receipt
 from .states import EffectState
@@ -122,6 +123,19 @@ def describe(exc: BaseException) -> str:
     """``Type: message`` on one line, for records and logs."""
     message = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def not_run(error: BaseException, attempt: Attempt) -> bool:
+    """Whether ``error`` proves that ``attempt``'s function did nothing: a ``NotExecuted``,
+    unless a protected call made inside that function raised it (and was recorded failed
+    for it): the function may have acted before that call, so for it this proves nothing."""
+    if not isinstance(error, NotExecuted):
+        return False
+    holder = getattr(error, "_ctrlrun_recorded_for", None)
+    if holder is None:
+        error._ctrlrun_recorded_for = attempt.action.action_id  # type: ignore[attr-defined]
+        return True
+    return bool(holder == attempt.action.action_id)
 
 
 def record_outcome(

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from . import budgets, ledger
 from .action import Action, Principal, new_id, parse_iso
 from .approvals import DEFAULT_TTL
-from .attempt import Attempt, attempt_receipt, decided, describe, record_outcome
+from .attempt import Attempt, attempt_receipt, decided, describe, not_run, record_outcome
 from .context import attempt_token
 from .errors import (
     ApprovalMismatch,
     ApprovalTimeout,
     EffectKeyError,
     InvalidArgument,
-    NotExecuted,
 )
 from .events import EventType
 from .freeze import refuse_if_frozen
@@ -267,7 +266,7 @@ class Control:
         failed, anything else ambiguous (then asked eagerly, unless it was an interrupt)."""
         if error is None:
             return self.finish(attempt, "committed")
-        if isinstance(error, NotExecuted):
+        if not_run(error, attempt):
             return self.finish(attempt, "failed", error=describe(error))
         receipt = self.finish(attempt, "ambiguous", error=describe(error))
         if isinstance(error, Exception):
