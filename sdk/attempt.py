@@ -17,6 +17,7 @@ from .context import idempotency_token_for
 from .errors import NotExecuted
 from .events import EventType
 from .receipts import Receipt, write_receipt
+from .redact import redact
 from .states import EffectState
 from .timestamps import stamp
 
@@ -120,8 +121,8 @@ def decided(
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line, for records and logs."""
-    message = " ".join(str(exc).split())
+    """``Type: message`` on one line, credentials masked, for records and logs."""
+    message = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import budgets, ledger
 from .action import iso, parse_iso
+from .attempt import describe
 from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
 from .clocks import utc_now
 from .errors import EffectKeyError, InvalidArgument
 from .events import EventType
+from .redact import redact
 from .states import EffectState
 
 if TYPE_CHECKING:
@@ -101,11 +103,15 @@ class NotAmbiguous(EffectKeyError):
 def judge(raw: Any, error: BaseException | None = None) -> tuple[str, dict[str, Any]]:
     """A hook's return value (or exception) as an answer and the data its event records."""
     if error is not None:
-        detail = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+        detail = describe(error)[:500]
         return "unknown", {"outcome": "unknown", "reason": "raised", "error": detail}
     if isinstance(raw, str) and raw in ANSWERS:
         return raw, {"outcome": raw}
-    return "unknown", {"outcome": "unknown", "reason": "invalid_return", "error": repr(raw)[:200]}
+    return "unknown", {
+        "outcome": "unknown",
+        "reason": "invalid_return",
+        "error": redact(repr(raw))[:200],
+    }
 
 
 class Reconciler:
