@@ -132,19 +132,20 @@ class Reconciler:
 
     def run(self, effect_key: str, hook: Callable[[str], Any], *, trigger: str) -> str:
         """Ask ``hook`` about ``effect_key`` once and apply its answer. Returns the answer."""
-        self.started(effect_key, trigger)
+        about = self.started(effect_key, trigger)
         try:
             raw = ask(hook, lambda: self._facts(effect_key), effect_key)
         except Exception as exc:
-            return self.settle(effect_key, None, error=exc)
-        return self.settle(effect_key, raw)
+            return self.settle(effect_key, None, error=exc, about=about)
+        return self.settle(effect_key, raw, about=about)
 
     def _facts(self, effect_key: str) -> EffectFacts | None:
         with self.store.reading() as conn:
             row = ledger.get_effect_row(conn, effect_key)
         return None if row is None else facts_for(row, clock=self.clock)
 
-    def started(self, effect_key: str, trigger: str) -> None:
+    def started(self, effect_key: str, trigger: str) -> tuple[str, int] | None:
+        """Write ``RECONCILIATION_STARTED``; returns the attempt asked about (action, number)."""
         with self.store.transaction() as conn:
             record = ledger.get_effect(conn, effect_key)
             ledger.append_event(
@@ -155,9 +156,21 @@ class Reconciler:
                 effect_key=effect_key,
                 data={"effect_key": effect_key, "trigger": trigger},
             )
+        return None if record is None else (record.action_id, record.attempt)
 
-    def settle(self, effect_key: str, raw: Any, *, error: BaseException | None = None) -> str:
-        """Record a hook's answer (or its exception) and move the record if it points a way."""
+    def settle(
+        self,
+        effect_key: str,
+        raw: Any,
+        *,
+        error: BaseException | None = None,
+        about: tuple[str, int] | None = None,
+    ) -> str:
+        """Record a hook's answer (or its exception) and move the record if it points a way.
+
+        ``about``: the attempt the hook was asked about. An answer is evidence about that
+        attempt only; if another attempt holds the key by now (a renewal ran while the hook
+        was asked), it is recorded and moves nothing."""
         answer, data = judge(raw, error)
         if answer != raw:
             log.warning("reconcile hook for %s: %s", effect_key, data.get("error"))
@@ -172,7 +185,14 @@ class Reconciler:
                 effect_key=effect_key,
                 data=data,
             )
-            if row is not None and row["state"] == _AMBIGUOUS:
+            later = (
+                about is not None
+                and row is not None
+                and ((row["action_id"], int(row["attempt"])) != about)
+            )
+            if later:
+                log.info("reconciled %s: the answer is about an earlier attempt", effect_key)
+            elif row is not None and row["state"] == _AMBIGUOUS:
                 # An attempt's own ask counts too: the sweep waits its turn after it.
                 claim(conn, row, self._next_check(row, now), force=True)
                 self._apply(conn, row, answer, answer_label(data), now)
