@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from .config import Upstream
+from .field_names import check_names
 from .kube_routes import map_kubernetes
 from .kube_stream import STREAM_ACTIONS, map_kube_stream
 from .route_values import (
@@ -178,6 +179,7 @@ def _map_http(upstream: Upstream, request: Request, segments: list[str]) -> Rout
             if given != value and not (type(given) is int and str(given) == value):
                 raise BadInput(f"the path says {name}={value!r} but the body says {given!r}")
             arguments[name] = value
+        check_names(arguments)
         check_arguments(arguments)
         return Mapped(route.action, arguments)
     return Unmapped(

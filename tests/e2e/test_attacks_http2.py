@@ -1,0 +1,130 @@
+"""``profile: http`` writes that PHP, Rack, Express or ASP.NET read as another write than
+ctrlrun does, sent through a real sidecar to a real HTTP server that records what reaches it.
+
+The policy allows a charge of at most 1000; each attack carries an amount ctrlrun would read
+as small and such a server as 900000, and must be refused with a receipt, nothing forwarded.
+The plain charge still goes through.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import Sidecar, start_sidecar
+
+from ctrlrun.receipts import load_receipts
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+pytestmark = pytest.mark.timeout(120)
+
+# Formatted by the harness: braces are doubled.
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.charge:
+    rules:
+      - when: {{amount_lte: 1000}}
+        decision: allow
+      - decision: deny
+  billing.refund:
+    effect: "refund:{{order}}"
+    decision: allow
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:PORT
+    routes:
+      - {{method: POST, path: "/v1/charges", action: billing.charge}}
+      - {{method: POST, path: "/v1/refunds", action: billing.refund}}
+"""
+
+
+class Billing:
+    """An HTTP server on loopback that answers 200 and keeps every request it is sent."""
+
+    def __init__(self) -> None:
+        received: list[tuple[str, bytes]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("content-length") or 0)
+                received.append((self.path, self.rfile.read(size)))
+                body = b'{"id":"ch_1"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
+    billing = Billing()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy = POLICY.replace("PORT", str(billing.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            yield sc, billing
+        finally:
+            sc.stop()
+            billing.close()
+
+
+def receipts(sc: Sidecar) -> list[tuple[str, str]]:
+    store = sc.store()
+    try:
+        with store.reading() as conn:
+            return [(r.action, r.result) for r in load_receipts(conn)]
+    finally:
+        store.close()
+
+
+JSON = ("Content-Type", "application/json")
+FORM = ("Content-Type", "application/x-www-form-urlencoded")
+ATTACKS = [
+    # PHP drops the spaces a name starts with: " amount" is amount, and the last one wins.
+    ("/v1/charges", [FORM], b"amount=5&+amount=900000"),
+    # Rack 2 and Express's qs read "[amount]" as amount; PHP, Rack and qs read amount[] so.
+    ("/v1/charges", [FORM], b"amount=5&%5Bamount%5D=900000"),
+    ("/v1/charges", [FORM], b"amount=5&amount%5B%5D=900000"),
+    # ASP.NET reads names without regard to case, the first one winning.
+    ("/v1/charges", [FORM], b"Amount=900000&amount=5"),
+    # ASP.NET binds a simple parameter from the query, whatever the case of its name.
+    ("/v1/charges?AMOUNT=900000", [JSON], b'{"amount":5}'),
+]
+
+
+@pytest.mark.parametrize(("target", "headers", "body"), ATTACKS)
+def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
+    rig: tuple[Sidecar, Billing], target: str, headers: list[tuple[str, str]], body: bytes
+) -> None:
+    sc, billing = rig
+    base = f"http://127.0.0.1:{billing.port}"
+    with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
+        got = http.post(base + target, content=body, headers=headers)
+        assert got.status_code == 400, got.text
+        assert got.headers["x-ctrlrun-outcome"] == "invalid_request", got.text
+        assert billing.received == []
+        plain = http.post(base + "/v1/charges", content=b'{"amount":700}', headers=[JSON])
+        assert plain.status_code == 200, plain.text
+    assert [json.loads(b) for _, b in billing.received] == [{"amount": 700}]
+    assert receipts(sc) == [("billing.invalid", "denied"), ("billing.charge", "committed")]
