@@ -208,6 +208,10 @@ def _http_fields(request: Request) -> dict[str, Any]:
             raise BadInput("the JSON body must be an object to give named arguments")
         return body
     if kind == FORM:
+        if request.body.lstrip(b" \t\r\n")[:1] in (b"{", b"["):
+            # Many Go and Node handlers decode the body as JSON whatever its Content-Type, and
+            # '{"amount":900000,"a":"=&amount=5&b="}' is a form of amount=5 as well.
+            raise BadInput("the form body is a JSON document too; send it as application/json")
         fields: dict[str, Any] = {}
         for key, value in parse_form(request.body):
             if key not in fields:

@@ -108,6 +108,9 @@ ATTACKS = [
     ("/v1/charges", [FORM], b"amount=5&amount%5B%5D=900000"),
     # ASP.NET reads names without regard to case, the first one winning.
     ("/v1/charges", [FORM], b"Amount=900000&amount=5"),
+    # A form that is a JSON document too: Go and Node handlers that decode the body as JSON
+    # whatever its Content-Type read 900000; ctrlrun's form reading gives amount=5.
+    ("/v1/charges", [FORM], b'{"amount":900000,"a":"=&amount=5&b="}'),
     # ASP.NET binds a simple parameter from the query, whatever the case of its name.
     ("/v1/charges?AMOUNT=900000", [JSON], b'{"amount":5}'),
 ]

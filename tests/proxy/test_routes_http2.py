@@ -102,3 +102,23 @@ def test_names_that_stay_apart_still_map(request_: Request, arguments: dict[str,
 )
 def test_readings(name: str, expected: set[str]) -> None:
     assert readings(name) == expected
+
+
+# --- a form that is a JSON document too ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"amount":900000,"a":"=&amount=5&b="}',
+        b'{"amount":900000,"x":"="}&amount=5',  # Go's json.Decoder stops after one value
+        b' \r\n[{"amount":900000,"a":"=&amount=5&b="}]',
+    ],
+)
+def test_a_form_body_that_is_json_too_is_refused(body: bytes) -> None:
+    # Handlers that json-decode the body whatever its Content-Type read amount 900000.
+    got = map_request(HTTP, post(body))
+    assert isinstance(got, Invalid) and "JSON document too" in got.reason, got
+    assert map_request(HTTP, post(b"amount=5&note=%7B")) == Mapped(
+        "billing.charge", {"amount": "5", "note": "{"}
+    )
