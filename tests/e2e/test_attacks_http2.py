@@ -131,3 +131,19 @@ def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
         assert plain.status_code == 200, plain.text
     assert [json.loads(b) for _, b in billing.received] == [{"amount": 700}]
     assert receipts(sc) == [("billing.invalid", "denied"), ("billing.charge", "committed")]
+
+
+def test_a_refund_under_a_query_rack_splits_on_semicolons_is_not_a_fresh_key(
+    rig: tuple[Sidecar, Billing],
+) -> None:
+    # Rack before 3 reads "order=x;order=o1" as order o1 (the last wins): the refund of o1
+    # again, which ctrlrun would key as "refund:x;order=o1".
+    sc, billing = rig
+    base = f"http://127.0.0.1:{billing.port}/v1/refunds"
+    with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
+        assert http.post(base + "?order=o1").status_code == 200
+        again = http.post(base + "?order=x;order=o1")
+        assert again.status_code == 400, again.text
+        assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
+    assert [path for path, _ in billing.received] == ["/v1/refunds?order=o1"]
+    assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]
