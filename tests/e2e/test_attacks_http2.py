@@ -147,3 +147,22 @@ def test_a_refund_under_a_query_rack_splits_on_semicolons_is_not_a_fresh_key(
         assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
     assert [path for path, _ in billing.received] == ["/v1/refunds?order=o1"]
     assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]
+
+
+def test_an_order_number_javascript_reads_as_the_refunded_one_is_refused(
+    rig: tuple[Sidecar, Billing],
+) -> None:
+    # JSON.parse reads 9007199254740993 as 9007199254740992, which a Node server looks up as
+    # the order "9007199254740992" (object keys are strings): the refunded order again, under
+    # the effect key refund:9007199254740993 to ctrlrun.
+    sc, billing = rig
+    base = f"http://127.0.0.1:{billing.port}/v1/refunds"
+    refunded = b'{"order":"9007199254740992"}'
+    with httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=30) as http:
+        first = http.post(base, content=refunded, headers=[JSON])
+        assert first.status_code == 200, first.text
+        again = http.post(base, content=b'{"order":9007199254740993}', headers=[JSON])
+        assert again.status_code == 400, again.text
+        assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
+    assert [body for _, body in billing.received] == [refunded]
+    assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]

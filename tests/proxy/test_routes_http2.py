@@ -135,3 +135,29 @@ def test_a_semicolon_in_the_query_of_a_write_is_refused(query: dict[str, list[st
     # Rack before 3 splits a query on ';': "order=x;order=o1" is order o1, the last winning.
     got = map_request(HTTP, post(b"", {}, query))
     assert isinstance(got, Invalid) and "';'" in got.reason, got
+
+
+# --- integers a double cannot hold --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"order":9007199254740993}',  # 9007199254740992 to JavaScript
+        b'{"order":-9007199254740993}',
+        b'{"amount":1' + b"0" * 400 + b"}",  # Infinity to JavaScript
+        b'{"items":[{"id":18446744073709551617}]}',
+    ],
+)
+def test_an_integer_past_two_to_the_53_is_refused(body: bytes) -> None:
+    got = map_request(HTTP, post(body, JSON))
+    assert isinstance(got, Invalid) and "doubles" in got.reason, got
+
+
+def test_integers_a_double_holds_exactly_still_map() -> None:
+    for n in (9007199254740991, -9007199254740991, 0):
+        body = b'{"order":%d}' % n
+        assert map_request(HTTP, post(body, JSON)) == Mapped("billing.charge", {"order": n})
+    # as a string the number is text to every server
+    got = map_request(HTTP, post(b'{"order":"9007199254740993"}', JSON))
+    assert got == Mapped("billing.charge", {"order": "9007199254740993"})
