@@ -30,7 +30,7 @@ from .mcp_gate import McpGate, internal_error
 from .mcp_sessions import HEADER
 from .principal import Principals
 from .refusals import Refusal
-from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, WRITE_HEADER_BYTES
+from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, READ_METHODS, WRITE_HEADER_BYTES
 from .routes import PassThrough, Request
 
 log = logging.getLogger(__name__)
@@ -308,8 +308,14 @@ def facts(flow: http.HTTPFlow) -> Request:
     """What the guard needs to know of a flow's request (the body as it will be forwarded)."""
     req = flow.request
     names = [k.lower() for k in req.headers.keys(multi=True)]
+    # A read is GET, HEAD or OPTIONS as spelt: "get" is not GET to Go's ServeMux or to a
+    # handler testing r.Method == "GET", so it stays as sent (mitmproxy's ``method`` is
+    # upper-cased, and the method forwarded is the one sent) and is judged as no read.
+    method = req.method
+    if method in READ_METHODS:
+        method = req.data.method.decode("utf-8", "surrogateescape")
     return Request(
-        method=req.method.upper(),
+        method=method,
         path=req.path.split("?", 1)[0],
         query={k: req.query.get_all(k) for k in req.query},
         headers={k.lower(): v for k, v in req.headers.items(multi=True)},

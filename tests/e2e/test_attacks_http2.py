@@ -9,7 +9,9 @@ The plain charge still goes through.
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import Sidecar, start_sidecar
+from rawproxy import ByteRecorder
 
 from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -166,3 +169,54 @@ def test_an_order_number_javascript_reads_as_the_refunded_one_is_refused(
         assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
     assert [body for _, body in billing.received] == [refunded]
     assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    upstream = ByteRecorder(answer=True)
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy = POLICY.replace("PORT", str(upstream.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+        try:
+            yield sc, upstream
+        finally:
+            sc.stop()
+            upstream.sock.close()
+
+
+def send_raw(sc: Sidecar, data: bytes, wait: float = 3.0) -> bytes:
+    """``data`` sent to the proxy on one connection; what came back before it went quiet."""
+    host, port = sc.proxy_url.rsplit("/", 1)[1].split(":")
+    got = b""
+    with socket.create_connection((host, int(port)), timeout=wait) as conn:
+        conn.sendall(data)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and b"\r\n\r\n" not in got:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize("method", [b"get", b"Get", b"hEAD", b"options"])
+def test_a_read_method_in_another_case_is_no_read(
+    recorder: tuple[Sidecar, ByteRecorder], method: bytes
+) -> None:
+    # Go's ServeMux and a handler testing r.Method == "GET" are case-sensitive: "get" is
+    # another method there (the send of a handler whose else branch sends), and mitmproxy
+    # forwards it as spelt. It matches no route, so it is refused as an unmapped write.
+    sc, upstream = recorder
+    where = b"127.0.0.1:%d" % upstream.port
+    head = b" http://%s/v1/charges HTTP/1.1\r\nHost: %s\r\n" % (where, where)
+    got = send_raw(sc, method + head + b"Content-Length: 0\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 403"), got[:300]
+    assert b"X-Ctrlrun-Outcome: denied" in got and b"matches no route" in got, got
+    assert bytes(upstream.received) == b""
+    # GET as spelt is a read, and passes.
+    got = send_raw(sc, b"GET" + head + b"\r\n")
+    assert got.startswith(b"HTTP/1.1 200"), got[:300]
+    assert bytes(upstream.received).startswith(b"GET /v1/charges HTTP/1.1\r\n")
