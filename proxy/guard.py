@@ -377,16 +377,16 @@ class Guard:
         target: str,
         headers: Sequence[tuple[str, str]],
     ) -> Handled:
-        """Forward a same-key Stripe retry of an ambiguous attempt: Stripe deduplicates it.
-
-        Its answer settles the record only if it is evidence about the first attempt
-        (``replay.evidence``); otherwise the agent is told the record stays ambiguous.
-        """
+        """Forward a same-key Stripe retry of an ambiguous attempt (Stripe deduplicates it).
+        Its answer settles that attempt only, and only if it is evidence about it
+        (``replay.evidence``); otherwise the agent is told the record stays ambiguous."""
         reply = await self.forwarder.send(
             up, request.method, target, forward_headers(headers), request.body
         )
         found = replay.evidence(reply)
-        await asyncio.to_thread(ctl.reconciler.settle, claimed.effect_key, found)
+        await asyncio.to_thread(
+            ctl.reconciler.settle, claimed.effect_key, found, about=claimed.about
+        )
         log.info("same-key retry of ambiguous %s forwarded: %s", claimed.effect_key, found)
         if found == "unknown":
             return self.refused(up, request, replay.inconclusive(p, reply, claimed.effect_key))

@@ -45,6 +45,7 @@ class Claimed:
     """This request replays an ambiguous attempt; its reconciliation has started."""
 
     effect_key: str
+    about: tuple[str, int] | None  # the attempt replayed: its answer is evidence about it only
 
 
 def replayable(
@@ -75,8 +76,7 @@ def claim(ctl: Control, prepared: Prepared) -> Claimed | None:
     row = ctl.store.write(lambda conn: ledger.get_effect_row(conn, key))
     if not replayable(row, prepared.action, idem, ctl.clock()):
         return None
-    ctl.reconciler.started(key, TRIGGER)
-    return Claimed(key)
+    return Claimed(key, ctl.reconciler.started(key, TRIGGER))
 
 
 def evidence(reply: Forwarded) -> str:

@@ -4,16 +4,27 @@ evidence table of ``proxy/replay.py``, row by row."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from ctrlrun import Control, EffectState, Policy, context, ledger, protect
 from ctrlrun.action import Action, Principal
 from ctrlrun.proxy.classify import Transport
 from ctrlrun.proxy.forward import Forwarded
 from ctrlrun.proxy.prepare import Prepared
-from ctrlrun.proxy.replay import evidence, inconclusive
+from ctrlrun.proxy.replay import claim, evidence, inconclusive
+from ctrlrun.store import SQLiteStateStore
 
 IRE = "invalid_request_error"
+REFUND_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
 REPLAYED = (("Content-Type", "application/json"), ("Idempotent-Replayed", "true"))
 FRESH = (("Content-Type", "application/json"),)
 
@@ -78,3 +89,38 @@ def test_inconclusive_with_an_unreadable_body(body: bytes) -> None:
 def test_inconclusive_without_a_status() -> None:
     reply = Forwarded(None, transport=Transport.SENT_NO_STATUS, error="connection reset")
     assert "retry connection reset without" in inconclusive(prepared(), reply, "k").message
+
+
+def test_a_replays_answer_settles_the_attempt_it_replayed_and_no_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A same-key retry of ambiguous attempt 1 is forwarded; meanwhile a reconcile renews the
+    key and attempt 2 acts and ends ambiguous. The retry's answer, Stripe's stored answer to
+    attempt 1, says nothing about attempt 2: it must not move it."""
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(REFUND_POLICY), store)
+    lost = protect("stripe.refund", control=ctl)(_reply_lost)
+    renewing = protect("stripe.refund", control=ctl, reconcile=lambda key: "not_executed")(
+        _reply_lost
+    )
+    with context("a"):
+        with pytest.raises(ConnectionError):
+            lost("pi_1")  # attempt 1: ambiguous
+        with store.transaction() as conn:  # as the proxy records it: with the client's key
+            conn.execute(text("UPDATE effects SET idempotency_key = 'idem-1'"))
+        with store.reading() as conn:
+            first = ledger.get_effect(conn, "refund:pi_1")
+        claimed = claim(ctl, prepared())  # the same refund, with the same Idempotency-Key
+        assert first is not None and claimed is not None
+        assert claimed.about == (first.action_id, 1)
+        with pytest.raises(ConnectionError):
+            renewing("pi_1")  # attempt 2: renewed on "not_executed", acted, ambiguous
+    ctl.reconciler.settle(claimed.effect_key, "committed", about=claimed.about)
+    with store.reading() as conn:
+        now = ledger.get_effect(conn, "refund:pi_1")
+    assert now is not None and (now.state, now.attempt) == (EffectState.AMBIGUOUS, 2)
+    store.close()
+
+
+def _reply_lost(payment_id: str) -> None:
+    raise ConnectionError("reply lost")  # the remote acted; nobody heard
