@@ -9,18 +9,13 @@ forwarded; the plain charge still goes through.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from harness import Sidecar, start_sidecar
-
-from ctrlrun.receipts import load_receipts
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from billing_support import Billing, billing_sidecar, receipts
+from harness import Sidecar
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,47 +39,10 @@ upstreams:
 """
 
 
-class Billing:
-    """An HTTP server on loopback that answers 200 and keeps every request it is sent."""
-
-    def __init__(self) -> None:
-        received: list[tuple[str, str, bytes]] = []
-        self.received = received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                size = int(self.headers.get("content-length") or 0)
-                received.append((self.command, self.path, self.rfile.read(size)))
-                body = b'{"id":"ch_1"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
-    billing = Billing()
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy = POLICY.replace("PORT", str(billing.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            yield sc, billing
-        finally:
-            sc.stop()
-            billing.close()
+    with billing_sidecar(tmp_path, POLICY) as both:
+        yield both
 
 
 JSON = ("Content-Type", "application/json")
@@ -126,13 +84,7 @@ def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
         )
         assert plain.status_code == 200, plain.text
     assert [json.loads(b) for _, _, b in billing.received] == [{"amount": 700}]
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            got = [(r.action, r.result) for r in load_receipts(conn)]
-    finally:
-        store.close()
-    assert got == [("billing.invalid", "denied"), ("billing.charge", "committed")]
+    assert receipts(sc) == [("billing.invalid", "denied"), ("billing.charge", "committed")]
 
 
 OPEN_POLICY = """\
@@ -156,15 +108,8 @@ upstreams:
 
 @pytest.fixture
 def open_rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
-    billing = Billing()
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy = OPEN_POLICY.replace("PORT", str(billing.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            yield sc, billing
-        finally:
-            sc.stop()
-            billing.close()
+    with billing_sidecar(tmp_path, OPEN_POLICY) as both:
+        yield both
 
 
 def test_a_path_a_server_may_read_as_a_route_is_not_an_unmapped_write(

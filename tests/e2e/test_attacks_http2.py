@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from billing_support import Billing, billing_sidecar, receipts
 from harness import Sidecar, start_sidecar
 from rawproxy import ByteRecorder
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,56 +46,10 @@ upstreams:
 """
 
 
-class Billing:
-    """An HTTP server on loopback that answers 200 and keeps every request it is sent."""
-
-    def __init__(self) -> None:
-        received: list[tuple[str, bytes]] = []
-        self.received = received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                size = int(self.headers.get("content-length") or 0)
-                received.append((self.path, self.rfile.read(size)))
-                body = b'{"id":"ch_1"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Billing]]:
-    billing = Billing()
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy = POLICY.replace("PORT", str(billing.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            yield sc, billing
-        finally:
-            sc.stop()
-            billing.close()
-
-
-def receipts(sc: Sidecar) -> list[tuple[str, str]]:
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            return [(r.action, r.result) for r in load_receipts(conn)]
-    finally:
-        store.close()
+    with billing_sidecar(tmp_path, POLICY) as both:
+        yield both
 
 
 JSON = ("Content-Type", "application/json")
@@ -132,7 +83,7 @@ def test_a_write_the_server_may_read_otherwise_is_refused_unforwarded(
         assert billing.received == []
         plain = http.post(base + "/v1/charges", content=b'{"amount":700}', headers=[JSON])
         assert plain.status_code == 200, plain.text
-    assert [json.loads(b) for _, b in billing.received] == [{"amount": 700}]
+    assert [json.loads(b) for _, _, b in billing.received] == [{"amount": 700}]
     assert receipts(sc) == [("billing.invalid", "denied"), ("billing.charge", "committed")]
 
 
@@ -148,7 +99,7 @@ def test_a_refund_under_a_query_rack_splits_on_semicolons_is_not_a_fresh_key(
         again = http.post(base + "?order=x;order=o1")
         assert again.status_code == 400, again.text
         assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
-    assert [path for path, _ in billing.received] == ["/v1/refunds?order=o1"]
+    assert [path for _, path, _ in billing.received] == ["/v1/refunds?order=o1"]
     assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]
 
 
@@ -167,7 +118,7 @@ def test_an_order_number_javascript_reads_as_the_refunded_one_is_refused(
         again = http.post(base, content=b'{"order":9007199254740993}', headers=[JSON])
         assert again.status_code == 400, again.text
         assert again.headers["x-ctrlrun-outcome"] == "invalid_request", again.text
-    assert [body for _, body in billing.received] == [refunded]
+    assert [body for _, _, body in billing.received] == [refunded]
     assert receipts(sc) == [("billing.refund", "committed"), ("billing.invalid", "denied")]
 
 

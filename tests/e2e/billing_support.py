@@ -1,0 +1,71 @@
+"""A ``profile: http`` upstream for the attack tests: a real HTTP server on loopback that
+answers 200 to every POST and keeps what reached it, and a sidecar in front of it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from harness import Sidecar, start_sidecar
+
+from ctrlrun.receipts import load_receipts
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+
+class Billing:
+    """An HTTP server on loopback that answers 200 and keeps every request it is sent, as
+    (method, target, body)."""
+
+    def __init__(self) -> None:
+        received: list[tuple[str, str, bytes]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("content-length") or 0)
+                received.append((self.command, self.path, self.rfile.read(size)))
+                body = b'{"id":"ch_1"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextmanager
+def billing_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, Billing]]:
+    """A sidecar whose policy is ``policy`` with PORT replaced by the Billing server's."""
+    billing = Billing()
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy_text = policy.replace("PORT", str(billing.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)
+        try:
+            yield sc, billing
+        finally:
+            sc.stop()
+            billing.close()
+
+
+def receipts(sc: Sidecar) -> list[tuple[str, str]]:
+    """(action, result) of every receipt, in order."""
+    store = sc.store()
+    try:
+        with store.reading() as conn:
+            return [(r.action, r.result) for r in load_receipts(conn)]
+    finally:
+        store.close()
