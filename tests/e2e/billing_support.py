@@ -1,5 +1,6 @@
-"""A ``profile: http`` upstream for the attack tests: a real HTTP server on loopback that
-answers 200 to every POST and keeps what reached it, and a sidecar in front of it."""
+"""``profile: http`` upstreams for the attack tests, each with a sidecar in front: a real HTTP
+server on loopback that answers 200 to every POST and keeps what reached it, and a raw
+recorder of the bytes that reach it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Sidecar, start_sidecar
+from rawproxy import ByteRecorder
 
 from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -59,6 +61,20 @@ def billing_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, Bill
         finally:
             sc.stop()
             billing.close()
+
+
+@contextmanager
+def recorder_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    """A sidecar in front of a ``ByteRecorder`` (which answers 200), for raw-wire tests."""
+    upstream = ByteRecorder(answer=True)
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        policy_text = policy.replace("PORT", str(upstream.port))
+        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)
+        try:
+            yield sc, upstream
+        finally:
+            sc.stop()
+            upstream.sock.close()
 
 
 def receipts(sc: Sidecar) -> list[tuple[str, str]]:

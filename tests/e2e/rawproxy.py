@@ -5,9 +5,11 @@ every request's headers."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -194,3 +196,33 @@ class ByteRecorder:
                         seen = heads
             except OSError:
                 pass
+
+
+def exchange(proxy_url: str, data: bytes, *, wait: float = 3.0, answers: int = 1) -> bytes:
+    """Send ``data`` to the proxy on one connection; what came back once ``answers`` whole
+    responses had, or before it went quiet (a keep-alive connection stays open)."""
+    host, port = proxy_url.rsplit("/", 1)[1].split(":")
+    got = b""
+    with socket.create_connection((host, int(port)), timeout=wait) as conn:
+        conn.sendall(data)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and whole_answers(got) < answers:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def whole_answers(data: bytes) -> int:
+    """How many whole responses framed by ``Content-Length`` ``data`` starts with."""
+    count = 0
+    while (end := data.find(b"\r\n\r\n")) != -1:
+        found = re.search(rb"\r\ncontent-length:\s*(\d+)\r\n", data[: end + 2], re.I)
+        if found is None or len(data) < end + 4 + int(found[1]):
+            break  # framed otherwise, or not all here yet: read until quiet
+        count, data = count + 1, data[end + 4 + int(found[1]) :]
+    return count

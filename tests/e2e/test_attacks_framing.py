@@ -10,17 +10,13 @@ one; they are pinned here too.
 
 from __future__ import annotations
 
-import re
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Sidecar, start_sidecar
-from rawproxy import ByteRecorder
-
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from billing_support import recorder_sidecar
+from harness import Sidecar
+from rawproxy import ByteRecorder, exchange
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,45 +37,8 @@ upstreams:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
-    upstream = ByteRecorder(answer=True)
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy = POLICY.replace("PORT", str(upstream.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            yield sc, upstream
-        finally:
-            sc.stop()
-            upstream.sock.close()
-
-
-def exchange(sc: Sidecar, data: bytes, *, wait: float = 3.0, answers: int = 1) -> bytes:
-    """Send ``data`` to the proxy on one connection; what came back once ``answers`` whole
-    responses had, or before it went quiet (a keep-alive connection stays open)."""
-    host, port = sc.proxy_url.rsplit("/", 1)[1].split(":")
-    got = b""
-    with socket.create_connection((host, int(port)), timeout=wait) as conn:
-        conn.sendall(data)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and whole_answers(got) < answers:
-            try:
-                chunk = conn.recv(65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-    return got
-
-
-def whole_answers(data: bytes) -> int:
-    """How many whole responses framed by ``Content-Length`` ``data`` starts with."""
-    count = 0
-    while (end := data.find(b"\r\n\r\n")) != -1:
-        found = re.search(rb"\r\ncontent-length:\s*(\d+)\r\n", data[: end + 2], re.I)
-        if found is None or len(data) < end + 4 + int(found[1]):
-            break  # framed otherwise, or not all here yet: read until quiet
-        count, data = count + 1, data[end + 4 + int(found[1]) :]
-    return count
+    with recorder_sidecar(tmp_path, POLICY) as both:
+        yield both
 
 
 SMUGGLED = b"POST /v1/invoices/in_1/send HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
@@ -112,12 +71,12 @@ def test_a_read_carrying_more_than_a_read_is_refused_unforwarded(
     rig: tuple[Sidecar, ByteRecorder], name: str
 ) -> None:
     sc, upstream = rig
-    got = exchange(sc, attacks(upstream.port)[name])
+    got = exchange(sc.proxy_url, attacks(upstream.port)[name])
     assert got.startswith(b"HTTP/1.1 4"), got[:200]
     assert b"X-Ctrlrun-Outcome: invalid_request" in got, got[:400]
     assert bytes(upstream.received) == b""
     # A plain read still passes.
-    got = exchange(sc, head(upstream.port, b"GET /v1/x"), wait=2)
+    got = exchange(sc.proxy_url, head(upstream.port, b"GET /v1/x"), wait=2)
     assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok"), got[:200]
     assert bytes(upstream.received).startswith(b"GET /v1/x HTTP/1.1\r\n")
 
@@ -127,7 +86,7 @@ def test_a_write_with_a_folded_header_is_refused_unforwarded(
 ) -> None:
     sc, upstream = rig
     data = head(upstream.port, b"POST /v1/other", b"X-A: a", b" b", b"Content-Length: 0")
-    got = exchange(sc, data)
+    got = exchange(sc.proxy_url, data)
     assert got.startswith(b"HTTP/1.1 4") and b"invalid_request" in got, got[:400]
     assert bytes(upstream.received) == b""
 
@@ -146,7 +105,7 @@ def test_conflicting_framing_is_refused_by_the_proxy(
     rig: tuple[Sidecar, ByteRecorder], headers: tuple[bytes, ...]
 ) -> None:
     sc, upstream = rig
-    got = exchange(sc, head(upstream.port, b"GET /v1/x", *headers) + b"0\r\n\r\n")
+    got = exchange(sc.proxy_url, head(upstream.port, b"GET /v1/x", *headers) + b"0\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 400"), got[:200]
     assert bytes(upstream.received) == b""
 
@@ -154,7 +113,7 @@ def test_conflicting_framing_is_refused_by_the_proxy(
 def test_a_write_pipelined_after_a_read_is_guarded(rig: tuple[Sidecar, ByteRecorder]) -> None:
     sc, upstream = rig
     write = head(upstream.port, b"POST /v1/invoices/in_1/send", b"Content-Length: 0")
-    got = exchange(sc, head(upstream.port, b"GET /v1/x") + write, answers=2)
+    got = exchange(sc.proxy_url, head(upstream.port, b"GET /v1/x") + write, answers=2)
     assert got.startswith(b"HTTP/1.1 200"), got[:200]
     assert b"X-Ctrlrun-Outcome: denied" in got, got[:600]
     assert bytes(upstream.received).count(b"HTTP/1.1\r\n") == 1

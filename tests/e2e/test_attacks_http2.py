@@ -9,18 +9,14 @@ The plain charge still goes through.
 from __future__ import annotations
 
 import json
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from billing_support import Billing, billing_sidecar, receipts
-from harness import Sidecar, start_sidecar
-from rawproxy import ByteRecorder
-
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from billing_support import Billing, billing_sidecar, receipts, recorder_sidecar
+from harness import Sidecar
+from rawproxy import ByteRecorder, exchange
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,33 +120,8 @@ def test_an_order_number_javascript_reads_as_the_refunded_one_is_refused(
 
 @pytest.fixture
 def recorder(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
-    upstream = ByteRecorder(answer=True)
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy = POLICY.replace("PORT", str(upstream.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            yield sc, upstream
-        finally:
-            sc.stop()
-            upstream.sock.close()
-
-
-def send_raw(sc: Sidecar, data: bytes, wait: float = 3.0) -> bytes:
-    """``data`` sent to the proxy on one connection; what came back before it went quiet."""
-    host, port = sc.proxy_url.rsplit("/", 1)[1].split(":")
-    got = b""
-    with socket.create_connection((host, int(port)), timeout=wait) as conn:
-        conn.sendall(data)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and b"\r\n\r\n" not in got:
-            try:
-                chunk = conn.recv(65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-    return got
+    with recorder_sidecar(tmp_path, POLICY) as both:
+        yield both
 
 
 @pytest.mark.parametrize("method", [b"get", b"Get", b"hEAD", b"options"])
@@ -163,11 +134,11 @@ def test_a_read_method_in_another_case_is_no_read(
     sc, upstream = recorder
     where = b"127.0.0.1:%d" % upstream.port
     head = b" http://%s/v1/charges HTTP/1.1\r\nHost: %s\r\n" % (where, where)
-    got = send_raw(sc, method + head + b"Content-Length: 0\r\n\r\n")
+    got = exchange(sc.proxy_url, method + head + b"Content-Length: 0\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 403"), got[:300]
     assert b"X-Ctrlrun-Outcome: denied" in got and b"matches no route" in got, got
     assert bytes(upstream.received) == b""
     # GET as spelt is a read, and passes.
-    got = send_raw(sc, b"GET" + head + b"\r\n")
+    got = exchange(sc.proxy_url, b"GET" + head + b"\r\n")
     assert got.startswith(b"HTTP/1.1 200"), got[:300]
     assert bytes(upstream.received).startswith(b"GET /v1/charges HTTP/1.1\r\n")
