@@ -18,6 +18,7 @@ from ctrlrun.policy import Policy
 
 from .config import Upstream
 from .forward import forward_headers
+from .key_spellings import refuse_respelt
 from .numbers import as_numbers
 from .refusals import Refusal, refusal_for
 from .routes import Invalid, Mapped, Request, Unmapped
@@ -94,6 +95,10 @@ def prepare(
     key: str | None = None
     template = policy.effect_template(action.name)
     if template is not None:
+        if up.profile == "http":
+            respelt = refuse_respelt(template.names, arguments, action.name)
+            if respelt is not None:
+                return respelt
         try:
             key = template.resolve(action.arguments, resource=action.resource)
         except EffectKeyError as exc:
