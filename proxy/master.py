@@ -27,6 +27,7 @@ a line that says which.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,25 @@ DEFAULTS: Mapping[str, object] = {
 }
 
 
+class TrailersLine(logging.Filter):
+    """mitmproxy does not read HTTP/1 trailers: a chunked request that ends with one crashes
+    its connection (``NotImplementedError``) and is dropped unread, nothing forwarded. That
+    is logged as one line, not as mitmproxy's crash and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, NotImplementedError) and "trailers" in str(exc).lower():
+            record.msg, record.args, record.exc_info = TRAILERS, (), None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+TRAILERS = (
+    "a request whose chunked body ends with trailers was dropped unread (mitmproxy reads "
+    "no trailers): nothing was forwarded; send the request without trailers"
+)
+
+
 def addon_classes() -> dict[str, type]:
     """The addon classes, by chain name; raises CTRLRunError (one line) naming what moved."""
     found: dict[str, type] = {}
@@ -86,6 +106,9 @@ def build(
     from .tunnels import GuardedNextLayer
 
     classes = addon_classes()
+    server_log = logging.getLogger("mitmproxy.proxy.server")
+    if not any(isinstance(f, TrailersLine) for f in server_log.filters):
+        server_log.addFilter(TrailersLine())
     opts: Any = options.Options(confdir=str(confdir))  # mitmproxy's options are untyped
     master = IndexedMaster(opts)  # each event only to the addons with its hook
     chain: list[Any] = []
