@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +51,36 @@ class Template:
                     f"template {self.text!r}: {name!r} must be a non-empty string or an integer, "
                     f"got {value!r}"
                 )
+            problem = _unsettled(value) if isinstance(value, str) else None
+            if problem is not None:
+                raise EffectKeyError(
+                    f"template {self.text!r}: {name!r} is {value!r}, which {problem}: a remote "
+                    "that trims or normalizes text reads it as another spelling's effect; pass "
+                    "the value as the remote keeps it"
+                )
             return str(value)
 
         return _PLACEHOLDER.sub(one, self.text)
+
+
+def _unsettled(value: str) -> str | None:
+    """Why ``value`` may be one value to the remote under two effect keys, or None.
+
+    Remotes trim text, drop what does not print, and compare it normalized (NFC or NFKC:
+    PRECIS identifiers, Django usernames, accent-insensitive collations), so ``"pi_1 "``,
+    ``"caf\u00e9"`` spelt decomposed, or ``"pi_1\u200b"`` may be ``pi_1`` or ``café`` there:
+    rendered as they are, each would name an effect key of its own and act again.
+    """
+    if value.isascii() and value.isprintable():
+        return None if value.strip() == value else "has leading or trailing whitespace"
+    if value.strip() != value:
+        return "has leading or trailing whitespace"
+    for char in value:
+        if unicodedata.category(char)[0] == "C" or unicodedata.category(char) in ("Zl", "Zp"):
+            return f"holds {unicodedata.name(char, f'U+{ord(char):04X}')} (it does not print)"
+    if unicodedata.normalize("NFKC", value) != value:
+        return "is not in Unicode normal form NFKC (a decomposed or compatibility spelling)"
+    return None
 
 
 def parse_template(text: object) -> Template:
