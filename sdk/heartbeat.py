@@ -9,17 +9,25 @@ stops being renewed; a process that dies stops renewing, and its lease then runs
 before. Calls shorter than a third of their lease cost a dictionary entry and nothing more.
 
     t=0 reserve (lease L)   t=L/3 renew -> now+L   t=2L/3 renew -> now+L   ... function returns
+
+A lease is judged on the ledger's clock, which on SQLite is this host's wall clock: a step
+forward (NTP, a resumed VM) of more than what is left of a lease made a running call's lease
+look expired until its next renewal, and a retry in that gap ambiguated it, heard
+``not_executed`` from a remote the running call had not reached yet, and ran the effect a
+second time. So a contender in this process does not take the lease of a call this process
+is running as expired, whatever the clock says (``running_here``).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -30,10 +38,27 @@ from .schema import effects as E
 
 if TYPE_CHECKING:
     from .attempt import Attempt
+    from .states import EffectRecord
     from .store import StateStore
 
 log = logging.getLogger(__name__)
 MAX_WAIT = 1.0  # seconds the thread sleeps at most: it notices a stop or a new call by then
+# (action_id, attempt) of every call this process is running under a lease -> its pid (a
+# child after fork() inherits the dict, not the calls)
+_RUNNING: dict[tuple[str, int], int] = {}
+
+
+def running_here(action_id: str, attempt: int) -> bool:
+    """Whether this process is running that attempt's function now (its holder is alive)."""
+    return _RUNNING.get((action_id, attempt)) == os.getpid()
+
+
+def as_seen_here(record: EffectRecord, now: datetime) -> EffectRecord:
+    """``record``, its lease live at ``now`` if its holder is a call running in this process."""
+    ends = record.lease_expires_at
+    if ends is None or ends >= now or not running_here(record.action_id, record.attempt):
+        return record
+    return replace(record, lease_expires_at=now)
 
 
 @dataclass
@@ -55,9 +80,16 @@ class _Holding:
 
     def __enter__(self) -> None:
         self.ident = self.heartbeat.hold(self.attempt, self.lease)
+        _RUNNING[self.running] = os.getpid()
 
     def __exit__(self, *exc: object) -> None:
+        _RUNNING.pop(self.running, None)  # renewed or not, the function has returned
         self.heartbeat.release(self.ident)
+
+    @property
+    def running(self) -> tuple[str, int]:
+        assert self.attempt.held_key is not None
+        return self.attempt.action.action_id, self.attempt.held_key[1]
 
 
 class Heartbeat:

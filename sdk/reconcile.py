@@ -26,6 +26,7 @@ from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
 from .clocks import utc_now
 from .errors import EffectKeyError, InvalidArgument
 from .events import EventType
+from .heartbeat import as_seen_here
 from .redact import redact
 from .states import EffectState
 
@@ -303,7 +304,9 @@ class Reconciler:
         with self.store.transaction() as conn:
             for state in (EffectState.RESERVED, EffectState.EXECUTING):
                 for rec in ledger.list_effects(conn, state, limit):
-                    if not rec.lease_is_live(now) and ledger.expire_lease(conn, rec, now):
+                    if as_seen_here(rec, now).lease_is_live(now):
+                        continue
+                    if ledger.expire_lease(conn, rec, now):
                         moved.append(rec.effect_key)
         return moved
 

@@ -23,6 +23,7 @@ from .admission import attempt_of, plan_admission, wants_approval_row, wants_sta
 from .attempt import Attempt, attempt_receipt
 from .errors import AmbiguousEffect
 from .freeze import FreezeCache
+from .heartbeat import as_seen_here
 from .plan import (
     ConsumeBudget,
     Facts,
@@ -98,7 +99,7 @@ def admit_on(conn: Connection, facts: Facts, freezes: FreezeCache | None = None)
             record = ledger.get_effect(conn, facts.effect_key)
             if record is None:  # pragma: no cover (the conflicting row cannot vanish)
                 raise LostRace
-            facts = replace(facts, record=record)
+            facts = replace(facts, record=as_seen_here(record, facts.now))
             plan = plan_admission(facts)
             writes = plan.writes
     for write in writes:

@@ -1,0 +1,172 @@
+"""Faults under ``@ctrlrun.protect``: the wall clock stepping forward past a running call's
+lease (threads and asyncio tasks, a retry and a sweep in the same process), and reconcile
+hooks that raise, return garbage or answer for a call still running."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctrlrun import (
+    AmbiguousEffect,
+    Control,
+    DuplicateEffect,
+    EffectState,
+    Policy,
+    context,
+    protect,
+)
+from ctrlrun.store import StateStore, open_store
+from reliability.test_attacks_sdk_races import POLICY, record
+
+LEASE = timedelta(seconds=30)
+
+
+class SteppingClock:
+    """A wall clock that an operator (or NTP, or a resumed VM) steps."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def step(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore]:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    store = open_store(url)
+    yield store
+    store.close()
+
+
+class Remote:
+    """A remote that has seen a refund only once the running call has sent it."""
+
+    def __init__(self) -> None:
+        self.refunds: list[str] = []
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def answer(self, key: str) -> str:  # a hook with no settle window: it trusts the remote
+        return "committed" if self.refunds else "not_executed"
+
+    def refund(self, payment_id: str) -> str:
+        self.inside.set()
+        assert self.go.wait(30), "the test never let the call finish"
+        self.refunds.append(payment_id)
+        return "re_1"
+
+
+def controls(store: StateStore, clock: SteppingClock, same: bool) -> tuple[Control, Control]:
+    first = Control(Policy.from_yaml(POLICY), store, clock=clock, lease=LEASE)
+    if same:
+        return first, first
+    return first, Control(Policy.from_yaml(POLICY), store, clock=clock, lease=LEASE)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("same", [True, False], ids=["one-control", "two-controls"])
+def test_a_clock_step_past_the_lease_does_not_let_a_retry_in_this_process_run_again(
+    ledger_store: StateStore, same: bool
+) -> None:
+    clock, remote = SteppingClock(), Remote()
+    ctl, other = controls(ledger_store, clock, same)
+    running = protect("refund", control=ctl, reconcile=remote.answer)(remote.refund)
+    retry = protect("refund", control=other, reconcile=remote.answer)(remote.refund)
+    results: list[Any] = []
+
+    def agent() -> None:
+        with context("bot"):
+            results.append(running("pi_1"))
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    try:
+        assert remote.inside.wait(30)
+        clock.step(LEASE.total_seconds() + 1)  # before the heartbeat's next renewal
+        assert ctl.reconciler.expire_leases() == []  # a sweep here: the holder is running
+        with context("bot"), pytest.raises(DuplicateEffect, match="executing"):
+            retry("pi_1")
+    finally:
+        remote.go.set()
+        thread.join(30)
+    assert results == ["re_1"] and remote.refunds == ["pi_1"]
+    assert record(ledger_store, "refund:pi_1") == (EffectState.COMMITTED, 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_clock_step_past_the_lease_of_a_running_task_refuses_the_retry_task(
+    ledger_store: StateStore,
+) -> None:
+    clock = SteppingClock()
+    ctl = Control(Policy.from_yaml(POLICY), ledger_store, clock=clock, lease=LEASE)
+    refunds: list[str] = []
+    started, go = asyncio.Event(), asyncio.Event()
+
+    async def refund(payment_id: str) -> str:
+        started.set()
+        await asyncio.wait_for(go.wait(), 30)
+        refunds.append(payment_id)
+        return "re_1"
+
+    hook: Callable[[str], Any] = lambda key: "committed" if refunds else "not_executed"  # noqa: E731
+    fn = protect("refund", control=ctl, reconcile=hook)(refund)
+
+    async def scene() -> None:
+        with context("bot"):
+            first = asyncio.create_task(fn("pi_1"))
+            await asyncio.wait_for(started.wait(), 30)
+            clock.step(LEASE.total_seconds() + 1)
+            with pytest.raises(DuplicateEffect, match="executing"):
+                await fn("pi_1")
+            go.set()
+            assert await first == "re_1"
+
+    asyncio.run(scene())
+    assert refunds == ["pi_1"]
+    assert record(ledger_store, "refund:pi_1") == (EffectState.COMMITTED, 1)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda key: "COMMITTED",
+        lambda key: "committed ",
+        lambda key: True,
+        lambda key: None,
+        lambda key: {"outcome": "not_executed"},
+        lambda key: 1 / 0,
+        lambda key: (_ for _ in ()).throw(TimeoutError("remote hung")),
+    ],
+    ids=["upper", "space", "true", "none", "dict", "raises", "timeout"],
+)
+def test_a_hook_that_raises_or_answers_garbage_moves_nothing_and_the_retry_is_refused(
+    ledger_store: StateStore, answer: Callable[[str], Any]
+) -> None:
+    ctl = Control(Policy.from_yaml(POLICY), ledger_store)
+    ran: list[str] = []
+
+    @protect("refund", control=ctl, reconcile=answer, reconcile_eagerly=True)
+    def refund(payment_id: str) -> None:
+        ran.append(payment_id)
+        raise ConnectionResetError("the reply was lost")
+
+    with context("bot"):
+        with pytest.raises(ConnectionResetError):
+            refund("pi_1")
+        with pytest.raises(AmbiguousEffect) as caught:
+            refund("pi_1")
+    assert ran == ["pi_1"] and "\n" not in str(caught.value)
+    assert record(ledger_store, "refund:pi_1") == (EffectState.AMBIGUOUS, 1)
