@@ -22,7 +22,9 @@ from typing import Any
 from .refusals import Refusal
 
 _PLAIN = re.compile(r"(?:0|-?[1-9][0-9]*)\Z")
-_PREFIXED = re.compile(r"[+-]?0[xXoObB][0-9a-fA-F_]+\Z")
+# 0x1f, 0o17, 0b11: JavaScript's Number() and Python's int(text, 0) read them as numbers; a
+# hex id that merely starts "0b" ("0b1c3e") is not one.
+_PREFIXED = re.compile(r"[+-]?0(?:[xX][0-9a-fA-F_]+|[oO][0-7_]+|[bB][01_]+)\Z")
 
 
 def _numeric(text: str) -> bool:
