@@ -1,6 +1,7 @@
 """Faults under ``@ctrlrun.protect``: the wall clock stepping forward past a running call's
 lease (threads and asyncio tasks, a retry and a sweep in the same process), and reconcile
-hooks that raise, return garbage or answer for a call still running."""
+hooks that raise, return garbage or answer for a call still running, and a step past the
+settle window while Stripe is still working on a refund."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stripe
 
 from ctrlrun import (
     AmbiguousEffect,
@@ -20,8 +22,10 @@ from ctrlrun import (
     EffectState,
     Policy,
     context,
+    idempotency_token,
     protect,
 )
+from ctrlrun.reconcilers.http import SETTLE_MARGIN
 from ctrlrun.store import StateStore, open_store
 from reliability.test_attacks_sdk_races import POLICY, record
 
@@ -170,3 +174,48 @@ def test_a_hook_that_raises_or_answers_garbage_moves_nothing_and_the_retry_is_re
             refund("pi_1")
     assert ran == ["pi_1"] and "\n" not in str(caught.value)
     assert record(ledger_store, "refund:pi_1") == (EffectState.AMBIGUOUS, 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_clock_step_past_the_settle_window_does_not_prove_a_slow_stripe_refund_absent(
+    tmp_path: Path,
+) -> None:
+    """The client gives up after 1 s while Stripe works on the refund for 3 s; the wall clock
+    then steps an hour, past the settle window: the retry's hook must not hear "no refund" as
+    proof (Stripe's own clock says the attempt is seconds old)."""
+    from e2e.harness import STRIPE_KEY
+
+    from ctrlrun.reconcilers import stripe_refunds
+    from ctrlrun.testing import FakeStripe
+    from reliability.test_clocks import SDK_POLICY, wait_for
+
+    clock = SteppingClock()
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    ctl = Control(Policy.from_yaml(SDK_POLICY), store, clock=clock)
+    with FakeStripe() as fake:
+        pi = fake.add_payment_intent(amount=5000)["id"]
+        http = stripe.RequestsClient(timeout=1)
+        client = stripe.StripeClient(
+            STRIPE_KEY, base_addresses={"api": fake.url}, max_network_retries=0, http_client=http
+        )
+        hook = stripe_refunds(api_key=STRIPE_KEY, base_url=fake.url)
+
+        @protect("stripe.refund", effect="refund:{payment_id}", reconcile=hook, control=ctl)
+        def refund(payment_id: str, amount: int) -> str:
+            params: Any = {"payment_intent": payment_id, "amount": amount}
+            options: Any = {"idempotency_key": idempotency_token()}
+            return str(client.v1.refunds.create(params=params, options=options).id)
+
+        fake.delay_next(3)
+        with context("bot"):
+            with pytest.raises(stripe.APIConnectionError):
+                refund(pi, 500)
+            clock.step(SETTLE_MARGIN * 60)  # a VM resumed an hour later, while Stripe still works
+            with pytest.raises(AmbiguousEffect):
+                refund(pi, 500)
+            wait_for(lambda: len(fake.refunds) >= 1)
+            with pytest.raises(DuplicateEffect):
+                refund(pi, 500)  # once Stripe has it, the retry's own ask finds it
+        assert len(fake.refunds) == 1
+    assert record(store, f"refund:{pi}") == (EffectState.COMMITTED, 1)
+    store.close()
