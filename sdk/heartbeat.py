@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -51,6 +52,16 @@ _RUNNING: dict[tuple[str, int], int] = {}
 def running_here(action_id: str, attempt: int) -> bool:
     """Whether this process is running that attempt's function now (its holder is alive)."""
     return _RUNNING.get((action_id, attempt)) == os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    _RUNNING.clear()
+    for heartbeat in list(_ALL):
+        heartbeat._forked()
+
+
+_ALL: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def as_seen_here(record: EffectRecord, now: datetime) -> EffectRecord:
@@ -103,9 +114,17 @@ class Heartbeat:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.clock, self.monotonic = store, clock, monotonic
-        self._held: dict[int, _Held] = {}
         self._ids = itertools.count()
-        self._wake = threading.Condition()
+        self._forked()
+        _ALL.add(self)
+
+    def _forked(self) -> None:
+        """A fresh start: at creation, and in a child after ``fork()``, which has no renewing
+        thread (only the one that forked is copied) and none of its parent's calls. A child
+        that kept the parent's "started" thread never renewed its own calls' leases: a retry
+        found them expired while they ran."""
+        self._held: dict[int, _Held] = {}
+        self._wake = threading.Condition()  # the parent's may have been held at the fork
         self._thread: threading.Thread | None = None
         self._waking_at = 0.0  # monotonic time the thread wakes by itself, while it waits
 

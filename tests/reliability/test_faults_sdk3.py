@@ -219,3 +219,47 @@ def test_a_clock_step_past_the_settle_window_does_not_prove_a_slow_stripe_refund
         assert len(fake.refunds) == 1
     assert record(store, f"refund:{pi}") == (EffectState.COMMITTED, 1)
     store.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_after_a_call_renews_its_own_calls_lease(tmp_path: Path) -> None:
+    """The parent's first call started its renewing thread; fork() copies none of it. The
+    child's call, longer than its lease, must keep its key from the parent's retry."""
+    import os
+    import time
+
+    lease = timedelta(seconds=1.5)
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    ctl = Control(Policy.from_yaml(POLICY), store, lease=lease)
+    runs = tmp_path / "runs"
+    inside_r, inside_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    @protect("refund", control=ctl)
+    def refund(payment_id: str) -> None:
+        if payment_id == "pi_1":
+            os.write(inside_w, b"x")
+            os.read(go_r, 1)  # until the parent's retry has been answered
+        with runs.open("a") as f:
+            f.write(payment_id + "\n")
+
+    with context("bot"):
+        refund("pi_0")  # the heartbeat's thread starts here, in the parent
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        with context("bot"):
+            refund("pi_1")
+        os._exit(0)
+    try:
+        assert os.read(inside_r, 1) == b"x"
+        time.sleep(2 * lease.total_seconds())  # past the lease: only a renewal keeps the key
+        other = Control(Policy.from_yaml(POLICY), store, lease=lease)
+        again = protect("refund", control=other, reconcile=lambda key: "not_executed")
+        with context("bot"), pytest.raises(DuplicateEffect, match="executing"):
+            again(lambda payment_id: runs.open("a").write("retry\n"))("pi_1")
+    finally:
+        os.write(go_w, b"x")
+        _, status = os.waitpid(pid, 0)
+    assert status == 0 and runs.read_text().split() == ["pi_0", "pi_1"]
+    assert record(store, "refund:pi_1") == (EffectState.COMMITTED, 1)
+    store.close()
