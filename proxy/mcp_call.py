@@ -37,6 +37,7 @@ from .config import Upstream
 from .decision_log import call_settled, decided_fields, traceparent
 from .forward import Forwarded, forward_headers
 from .guard import Guard
+from .key_spellings import refuse_respelt
 from .mcp_config import McpTool
 from .mcp_messages import NOT_RUN_CODES, ToolCall, read_answer, response_for
 from .mcp_tools import map_call
@@ -188,6 +189,10 @@ class CallGuard:
         template = tool.effect or ctl.policy.effect_template(action.name)
         key = None
         if template is not None:
+            # FastMCP's pydantic reads "042", "+42", "42.0" and "4_2" as 42, "yes" as true.
+            respelt = refuse_respelt(template.names, action.arguments, action.name, flags=True)
+            if respelt is not None:
+                return respelt
             try:
                 key = template.resolve(action.arguments, resource=action.resource)
             except EffectKeyError as exc:

@@ -66,3 +66,14 @@ def test_a_plain_value_passes(value: str) -> None:
 def test_only_the_effect_keys_values_are_read() -> None:
     assert respelt(["order"], {"order": 7, "note": "007", "amount": " 5"}) is None
     assert respelt(["resource"], {}) is None
+
+
+@pytest.mark.parametrize("value", ["yes", "TRUE", "on", "Off", "t", "n"])
+def test_a_flag_word_is_refused_only_where_flags_are_read(value: str) -> None:
+    assert respelt(["full"], {"full": value}, flags=True) is not None
+    assert respelt(["full"], {"full": value}) is None
+
+
+@pytest.mark.parametrize("value", ["1", "0", "yess", "ton", 1])
+def test_a_plain_flag_passes(value: object) -> None:
+    assert respelt(["full"], {"full": value}, flags=True) is None

@@ -1,0 +1,132 @@
+"""MCP tool calls whose arguments a FastMCP (pydantic, lax mode) server reads as another value
+than ctrlrun does, through the sidecar against a real FastMCP server.
+
+The server's tools (``refund_order(order_id: int, amount: int)``, ``refund_in_full(order_id:
+int, full: bool)``) count what they run; the effect key is made of ``order_id`` (and ``full``).
+Every spelling pydantic coerces to the value already refunded must be the same key (a
+duplicate) or refused: the server runs the refund once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Sidecar, start_sidecar
+from test_mcp_wire import Raw, call
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing.stripe_mcp import FakeStripeMcp
+
+pytestmark = pytest.mark.timeout(120)
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  orders.refund:
+    effect: "refund:{{{{order_id}}}}"
+    decision: allow
+upstreams:
+  orders:
+    profile: mcp
+    url: {url}
+    tools:
+      refund_order:
+        action: orders.refund
+        arguments: [order_id, amount]
+      refund_in_full:
+        action: orders.refund
+        arguments: [order_id, full]
+        effect: "full:{{{{order_id}}}}:{{{{full}}}}"
+"""
+
+
+class Orders:
+    """A FastMCP server whose tools run as pydantic reads their arguments."""
+
+    def __init__(self, stripe: FakeStripe) -> None:
+        self.server = FakeStripeMcp(stripe, json_response=True)
+        self.refunds: list[tuple[int, int]] = []
+
+        @self.server.mcp.tool()
+        def refund_order(order_id: int, amount: int) -> str:
+            """Refund an order."""
+            self.refunds.append((order_id, amount))
+            return json.dumps({"refunded": order_id})
+
+        @self.server.mcp.tool()
+        def refund_in_full(order_id: int, full: bool) -> str:
+            """Refund an order, in full or not."""
+            self.refunds.append((order_id, int(full)))
+            return json.dumps({"refunded": order_id, "full": full})
+
+
+@pytest.fixture
+def orders(fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Orders]:
+    made = Orders(fakes[0])
+    with made.server:
+        yield made
+
+
+@pytest.fixture
+def sc(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], orders: Orders
+) -> Iterator[Sidecar]:
+    text = POLICY.format(url=orders.server.url)
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
+    yield sidecar
+    sidecar.stop()
+
+
+@pytest.fixture
+def raw(sc: Sidecar, orders: Orders) -> Raw:
+    session = Raw(orders.server.url, sc.proxy_url)
+    session.open()
+    return session
+
+
+def _result(raw: Raw, rid: int, name: str, **arguments: Any) -> dict[str, Any]:
+    got = raw.post(json.dumps(call(rid, name, **arguments)).encode())
+    assert got.status_code == 200, got.text
+    result: dict[str, Any] = got.json()["result"]
+    return result
+
+
+def _outcome(result: dict[str, Any]) -> str | None:
+    meta: dict[str, Any] = result.get("_meta", {}).get("com.ctrlrun/receipt", {})
+    return meta.get("outcome")
+
+
+@pytest.mark.parametrize("spelling", ["042", "42.0", "+42", " 42", "42 ", "4_2", 42.0, True])
+def test_an_integer_argument_spelt_otherwise_is_not_a_second_refund(
+    raw: Raw, orders: Orders, spelling: Any
+) -> None:
+    first = _result(raw, 1, "refund_order", order_id=42, amount=500)
+    assert not first.get("isError"), first
+    assert orders.refunds == [(42, 500)]
+    again = _result(raw, 2, "refund_order", order_id=spelling, amount=500)
+    assert again.get("isError"), again
+    assert _outcome(again) in ("duplicate", "invalid_request"), again
+    assert orders.refunds == [(42, 500)]  # the server ran the refund once
+
+
+def test_the_plain_string_of_the_integer_is_the_same_effect(raw: Raw, orders: Orders) -> None:
+    assert not _result(raw, 1, "refund_order", order_id="42", amount=500).get("isError")
+    again = _result(raw, 2, "refund_order", order_id=42, amount=500)
+    assert _outcome(again) == "duplicate", again
+    other = _result(raw, 3, "refund_order", order_id=43, amount=500)
+    assert not other.get("isError"), other
+    assert orders.refunds == [(42, 500), (43, 500)]
+
+
+@pytest.mark.parametrize("spelling", ["yes", "true", "TRUE", "on", "t", "y", True, "1"])
+def test_a_boolean_argument_spelt_otherwise_is_not_a_second_refund(
+    raw: Raw, orders: Orders, spelling: Any
+) -> None:
+    first = _result(raw, 1, "refund_in_full", order_id=7, full=1)
+    assert not first.get("isError"), first
+    again = _result(raw, 2, "refund_in_full", order_id=7, full=spelling)
+    assert _outcome(again) in ("duplicate", "invalid_request"), again
+    assert orders.refunds == [(7, 1)]
