@@ -85,7 +85,7 @@ def load_messages(body: bytes, headers: Mapping[str, str]) -> list[Any] | dict[s
     coding = headers.get("content-encoding", "").strip().lower()
     if coding not in ("", "identity"):
         raise ProtocolError(PARSE_ERROR, f"ctrlrun does not read {coding!r}-coded MCP bodies")
-    charset = body_charset(headers)
+    charset = body_charset(headers, body)
     if charset is not None:
         raise ProtocolError(PARSE_ERROR, f"ctrlrun reads MCP bodies as UTF-8, not {charset[:40]!r}")
     try:

@@ -212,7 +212,7 @@ def check_body(request: Request) -> None:
     """Refuse a body ctrlrun will not parse on the protected path: too large, or encoded."""
     if len(request.body) > MAX_BODY:
         raise BadInput(f"the body is {len(request.body)} bytes; ctrlrun reads at most {MAX_BODY}")
-    charset = body_charset(request.headers)
+    charset = body_charset(request.headers, request.body)
     if request.body and charset is not None:
         raise BadInput(f"cannot read a body in charset {shown(charset, 40)}; send UTF-8")
     for name in sorted(BODY_HEADERS & request.repeated):
@@ -226,14 +226,17 @@ def check_body(request: Request) -> None:
         raise BadInput(f"cannot read a body with Content-Encoding {shown(encoding)}")
 
 
-def body_charset(headers: Mapping[str, str]) -> str | None:
-    """A charset the Content-Type names other than UTF-8 (or ASCII), else None: ctrlrun reads
-    bodies as UTF-8, and a server honouring ``charset=utf-7`` reads "+AF8-" as "_"."""
+def body_charset(headers: Mapping[str, str], body: bytes) -> str | None:
+    """A charset the Content-Type names other than UTF-8 (or ASCII, for a body that is), else
+    None: ctrlrun reads bodies as UTF-8, a server honouring ``charset=utf-7`` reads "+AF8-" as
+    "_", and one honouring us-ascii reads "é" and "ü" both as U+FFFD (or "?")."""
     for param in headers.get("content-type", "").split(";")[1:]:
         name, _, value = param.partition("=")
         if name.strip().lower() == "charset":
             value = value.strip().strip('"').lower()
-            if value not in ("utf-8", "utf8", "us-ascii"):
+            if value not in ("utf-8", "utf8", "us-ascii") or (
+                value == "us-ascii" and not body.isascii()
+            ):
                 return value
     return None
 

@@ -130,3 +130,22 @@ def test_a_boolean_argument_spelt_otherwise_is_not_a_second_refund(
     again = _result(raw, 2, "refund_in_full", order_id=7, full=spelling)
     assert _outcome(again) in ("duplicate", "invalid_request"), again
     assert orders.refunds == [(7, 1)]
+
+
+def test_a_body_declared_us_ascii_must_be_ascii(raw: Raw, orders: Orders) -> None:
+    # A server that decodes in the declared charset reads "é" and "ü" alike (U+FFFD, "?" or
+    # the byte with its high bit cleared): two values here, one there.
+    before = len(orders.server.requests)
+    declared = "application/json; charset=us-ascii"
+    for order in ("café", "cafü"):
+        message = call(1, "refund_order", order_id=order, amount=500)
+        body = json.dumps(message, ensure_ascii=False).encode()
+        got = raw.post(body, **{"Content-Type": declared})
+        assert got.status_code == 400, got.text
+        assert got.headers.get("x-ctrlrun-outcome") == "invalid_request", got.text
+        assert "us-ascii" in got.text
+    assert len(orders.server.requests) == before  # nothing forwarded
+    plain = json.dumps(call(2, "refund_order", order_id=42, amount=500)).encode()
+    done = raw.post(plain, **{"Content-Type": declared})
+    assert done.status_code == 200 and not done.json()["result"]["isError"], done.text
+    assert orders.refunds == [(42, 500)]

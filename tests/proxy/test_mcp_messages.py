@@ -98,3 +98,13 @@ def test_json_answers() -> None:
     assert ok == [{"id": 1}]
     assert read_answer((("content-type", "text/html"),), b"<html>") is None
     assert read_answer((("content-type", "application/json"),), b"{cut") is None
+
+
+def test_us_ascii_is_utf_8_only_for_a_body_that_is_ascii() -> None:
+    from ctrlrun.proxy.route_values import body_charset
+
+    declared = {"content-type": "application/json; charset=us-ascii"}
+    assert body_charset(declared, b'{"a":"cafe"}') is None
+    assert body_charset(declared, '{"a":"café"}'.encode()) == "us-ascii"
+    utf8 = {"content-type": "application/json; charset=utf-8"}
+    assert body_charset(utf8, '{"a":"café"}'.encode()) is None
