@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from .config import Upstream
-from .route_values import BadInput, Mapped, Request, RouteResult, check_arguments, shown
+from .route_values import (
+    BadInput,
+    Mapped,
+    Request,
+    RouteResult,
+    check_arguments,
+    shown,
+    unquote_strict,
+)
 
 STREAM_ACTIONS = ("k8s.exec", "k8s.attach", "k8s.port_forward")
 _SUBRESOURCES = {"exec": "k8s.exec", "attach": "k8s.attach", "portforward": "k8s.port_forward"}
@@ -30,7 +38,7 @@ def map_kube_stream(
             return None
     if request.method not in ("GET", "POST"):
         return None  # the apiserver connects only these two: any other method is unmapped
-    query = _strict_query(request.query)
+    query = _strict_query(request)
     action = _SUBRESOURCES[sub]
     arguments: dict[str, Any] = {
         "cluster": upstream.cluster or upstream.name,
@@ -47,9 +55,21 @@ def map_kube_stream(
     return Mapped(action, arguments)
 
 
-def _strict_query(query: Mapping[str, list[str]]) -> Mapping[str, list[str]]:
+def _strict_query(request: Request) -> Mapping[str, list[str]]:
+    # Go's net/url drops a pair with a malformed escape and reads on, where Python keeps it
+    # as written: "command=%zz&command=sh" runs ["sh"] at the apiserver, a command ctrlrun
+    # would have decided as ["%zz", "sh"]. Refused, as is bad UTF-8 once decoded.
+    for pair in request.raw_query.split("&"):
+        try:
+            unquote_strict(pair, plus=True)
+        except BadInput as exc:
+            raise BadInput(
+                f"the query pair {shown(pair, 60)} has a malformed escape or is not UTF-8: "
+                "the apiserver would drop it and read the rest"
+            ) from exc
     # Python splits a query on "&" only; Go refuses a pair holding ";" and drops it. A
     # ";command=rm" would read as one argument here and as nothing there: refused.
+    query = request.query
     for key, values in query.items():
         if ";" in key or any(";" in value for value in values):
             raise BadInput(

@@ -22,6 +22,7 @@ from typing import Any
 from ..messages import Request, Response
 from .errors import ApiError, not_found
 from .objects import Obj, timestamp
+from .routes import go_query
 
 PODS = ("", "pods")
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -77,11 +78,13 @@ class Pods:
     def connect(self, kind: str, namespace: str, name: str, request: Request) -> Response:
         """Accept an exec, attach or portforward, or refuse it as the apiserver would."""
         pod = self.get(namespace, name)
-        query = request.query
-        container = next((v for k, v in query if k == "container"), "")
+        # PodExecOptions and PodAttachOptions come from ``req.URL.Query()`` (the apiserver's
+        # ParameterCodec): Go's net/url drops a pair with a bad escape or a ';' and reads on.
+        query = go_query(request.target)
+        container = next(iter(query.get("container", [])), "")
         if kind != "portforward" and not container:
             container = pod["spec"]["containers"][0]["name"]
-        command = tuple(v for k, v in query if k == "command")
+        command = tuple(query.get("command", []))
         if kind == "exec" and not command:
             raise ApiError(400, "you must specify at least 1 command")
         upgrade = request.header("upgrade").lower()
