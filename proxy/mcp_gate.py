@@ -8,6 +8,11 @@ certainty is answered with a JSON-RPC error and nothing is forwarded. Each call 
 the kernel (``mcp_call``); a batch is split, each of its messages forwarded as its own POST
 (the tool calls that may go, and the other messages), and the answers gathered in order into
 one JSON array, ctrlrun's own in place of the calls it refused.
+
+While a tool call is in flight, a request of its session with the same JSON-RPC id is refused:
+a server that routes answers by id (the ``mcp`` SDK's Streamable HTTP transport) sends the
+call's answer to the newer request, or the newer one's to the call, and the call's record
+would be another request's answer.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .mcp_messages import (
     rpc_error,
     tool_call,
     tool_error,
+    valid_id,
 )
 from .mcp_sessions import HEADER, Sessions, header
 from .refusals import Refusal
@@ -68,6 +74,7 @@ class McpGate:
         self.guard = guard
         self.calls = CallGuard(guard)
         self.sessions = sessions if sessions is not None else Sessions()
+        self.flying: set[tuple[str, str, str]] = set()  # (upstream, session, id) of calls
 
     async def handle(
         self,
@@ -107,15 +114,22 @@ class McpGate:
             return _protocol(exc)
         batch = isinstance(messages, list)
         items = messages if isinstance(messages, list) else [messages]
+        keys = _request_keys(up, request, items)
+        flying = next((k for k in keys if k is not None and k in self.flying), None)
+        if flying is not None:
+            return _protocol(ProtocolError(-32600, f"a tool call with id {flying[2]} is in flight"))
         if not any(is_tool_call(m) for m in items):
             return PassThrough("no tools/call")
+        calls = {k for k, m in zip(keys, items, strict=True) if k and is_tool_call(m)}
         self.guard.active += 1
+        self.flying |= calls
         try:
             if not batch:
                 return await self._single(up, request, items[0], target, headers, principal)
             return await self._batch(up, request, items, target, headers, principal)
         finally:
             self.guard.active -= 1
+            self.flying -= calls
 
     async def _single(
         self,
@@ -189,6 +203,18 @@ class McpGate:
         """A POST ctrlrun forwarded itself was answered: learn the session it may name."""
         given = header(reply.headers, HEADER)
         self.sessions.answered(up.name, "POST", request.path, reply.status, asked=None, given=given)
+
+
+def _request_keys(
+    up: Upstream, request: Request, items: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str] | None]:
+    """(upstream, session, id) of each request (1 and "1" alike, as some servers take them);
+    None for a notification or a response (the server's requests have ids of their own)."""
+    session = request.headers.get(HEADER, "")
+    return [
+        (up.name, session, str(m["id"])[:60]) if "method" in m and valid_id(m.get("id")) else None
+        for m in items
+    ]
 
 
 def _answers_to(message: Mapping[str, Any], reply: Forwarded) -> list[Any]:

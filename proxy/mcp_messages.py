@@ -161,7 +161,7 @@ def is_tool_call(message: Mapping[str, Any]) -> bool:
 def tool_call(message: Mapping[str, Any]) -> ToolCall:
     """The call in a ``tools/call`` message; raise ``ProtocolError`` when it is malformed."""
     rid = message.get("id")
-    if not _valid_id(rid):
+    if not valid_id(rid):
         raise ProtocolError(INVALID_REQUEST, "a tools/call must carry a string or integer id")
     assert isinstance(rid, str | int)
     params = message.get("params")
@@ -182,13 +182,13 @@ def tool_call(message: Mapping[str, Any]) -> ToolCall:
     return ToolCall(rid, name, arguments, message)
 
 
-def _valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def same_id(a: Any, b: Any) -> bool:
     """JSON-RPC ids match by value and type (1 is not "1"; true is not 1)."""
-    return _valid_id(a) and _valid_id(b) and type(a) is type(b) and a == b
+    return valid_id(a) and valid_id(b) and type(a) is type(b) and a == b
 
 
 def read_answer(headers: Sequence[tuple[str, str]], body: bytes) -> list[dict[str, Any]] | None:

@@ -9,7 +9,9 @@ duplicate) or refused: the server runs the refund once.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,9 @@ upstreams:
         action: orders.refund
         arguments: [order_id, full]
         effect: "full:{{{{order_id}}}}:{{{{full}}}}"
+      refund_slowly:
+        action: orders.refund
+        arguments: [order_id, amount]
 """
 
 
@@ -49,6 +54,7 @@ class Orders:
     def __init__(self, stripe: FakeStripe) -> None:
         self.server = FakeStripeMcp(stripe, json_response=True)
         self.refunds: list[tuple[int, int]] = []
+        self.started, self.release = threading.Event(), threading.Event()
 
         @self.server.mcp.tool()
         def refund_order(order_id: int, amount: int) -> str:
@@ -61,6 +67,17 @@ class Orders:
             """Refund an order, in full or not."""
             self.refunds.append((order_id, int(full)))
             return json.dumps({"refunded": order_id, "full": full})
+
+        @self.server.mcp.tool()
+        async def refund_slowly(order_id: int, amount: int) -> str:
+            """Refund an order once the test releases it."""
+            self.started.set()
+            for _ in range(400):  # bounded: at most 20 s
+                if self.release.is_set():
+                    break
+                await asyncio.sleep(0.05)
+            self.refunds.append((order_id, amount))
+            return json.dumps({"refunded": order_id})
 
 
 @pytest.fixture
@@ -149,3 +166,38 @@ def test_a_body_declared_us_ascii_must_be_ascii(raw: Raw, orders: Orders) -> Non
     done = raw.post(plain, **{"Content-Type": declared})
     assert done.status_code == 200 and not done.json()["result"]["isError"], done.text
     assert orders.refunds == [(42, 500)]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"jsonrpc": "2.0", "id": 5, "method": "ping"},
+        {"jsonrpc": "2.0", "id": "5", "method": "tools/list"},
+        call(5, "refund_order", order_id=8, amount=100),
+    ],
+)
+def test_a_request_with_the_id_of_a_call_in_flight_is_refused(
+    raw: Raw, orders: Orders, other: dict[str, Any]
+) -> None:
+    # The mcp SDK's transport routes answers by id: the newer request would take the call's
+    # answer (or give it its own), and the call's record would be another request's answer.
+    answers: list[dict[str, Any]] = []
+    slow = json.dumps(call(5, "refund_slowly", order_id=7, amount=100)).encode()
+    thread = threading.Thread(target=lambda: answers.append(raw.post(slow).json()))
+    thread.start()
+    try:
+        assert orders.started.wait(15)
+        before = len(orders.server.requests)
+        got = raw.post(json.dumps(other).encode())
+        assert got.status_code == 400, got.text
+        assert "in flight" in got.json()["error"]["message"], got.text
+        assert len(orders.server.requests) == before  # nothing forwarded
+    finally:
+        orders.release.set()
+        thread.join(30)
+    assert not answers[0]["result"]["isError"], answers
+    assert _outcome(answers[0]) is None  # the call's own answer, as the server sent it
+    assert orders.refunds == [(7, 100)]
+    # Once it is answered, the id is free again.
+    again = raw.post(json.dumps({"jsonrpc": "2.0", "id": 5, "method": "ping"}).encode())
+    assert again.status_code == 200, again.text
