@@ -50,17 +50,10 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
     method = request.method
     write: KubeWrite | None = None
     arguments: dict[str, Any]
+    _refuse_other_roads(method, segments)
     match segments:
         case ["api", "v1", "namespaces", name] if method == "DELETE":
             action, arguments = "k8s.delete_namespace", {"cluster": cluster, "name": name}
-        case ["apis", "apps", "v1", "namespaces", namespace, kind] if kind in WORKLOADS:
-            if method != "DELETE":
-                return _unmapped(request)
-            # deletecollection: every object the selector matches, none of them named here.
-            raise BadInput(
-                f"a collection DELETE of {kind} in namespace {namespace!r} is refused: "
-                "ctrlrun decides deletes one object at a time; delete each by name"
-            )
         case ["apis", "apps", "v1", "namespaces", namespace, "deployments", deployment] if (
             method == "DELETE"
         ):
@@ -78,16 +71,6 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
                 "workload": f"{singular}/{name}",
             }
             write = KubeWrite(kind, namespace, name, rest == ["scale"], "", None, arguments)
-        case ["api", "v1", "nodes", node, "proxy", *_] | ["api", "v1", "proxy", "nodes", node, *_]:
-            # The apiserver relays these to the kubelet with its own client certificate, which
-            # the kubelet obeys: POST /run/{namespace}/{pod}/{container}?cmd=... runs a command
-            # with no Upgrade (an exec by another road), and its other writes (exec, attach,
-            # portForward, checkpoint, debug/flags) are as strong. /api/v1/proxy/ is the form
-            # before Kubernetes 1.10.
-            raise BadInput(
-                f"a {method} through node {node!r}'s proxy reaches its kubelet, which runs "
-                "commands in pods; ctrlrun decides those only as pods/{pod}/exec: use it"
-            )
         case _:
             return _unmapped(request)
     check_body(request)
@@ -103,6 +86,40 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
             write.kind, write.namespace, write.name, write.scale, media, document, arguments
         )
     return Mapped(action, arguments)
+
+
+def _refuse_other_roads(method: str, segments: list[str]) -> None:
+    """Refuse, whatever ``unmapped_writes`` says, a write that is an action ctrlrun decides
+    by another road (an exec through the kubelet or an ephemeral container), or many of them
+    at once (a collection delete): forwarded as an unmapped write, it would go undecided."""
+    match segments:
+        case ["apis", "apps", "v1", "namespaces", namespace, kind] if (
+            kind in WORKLOADS and method == "DELETE"
+        ):
+            # deletecollection: every object the selector matches, none of them named here.
+            raise BadInput(
+                f"a collection DELETE of {kind} in namespace {namespace!r} is refused: "
+                "ctrlrun decides deletes one object at a time; delete each by name"
+            )
+        case ["api", "v1", "nodes", node, "proxy", *_] | ["api", "v1", "proxy", "nodes", node, *_]:
+            # The apiserver relays these to the kubelet with its own client certificate, which
+            # the kubelet obeys: POST /run/{namespace}/{pod}/{container}?cmd=... runs a command
+            # with no Upgrade (an exec by another road), and its other writes (exec, attach,
+            # portForward, checkpoint, debug/flags) are as strong. /api/v1/proxy/ is the form
+            # before Kubernetes 1.10.
+            raise BadInput(
+                f"a {method} through node {node!r}'s proxy reaches its kubelet, which runs "
+                "commands in pods; ctrlrun decides those only as pods/{pod}/exec: use it"
+            )
+        case ["api", "v1", "namespaces", namespace, "pods", pod, "ephemeralcontainers"]:
+            # What kubectl debug writes: the kubelet starts each container added here at once,
+            # running its command beside the pod's own (inside their processes with a target).
+            raise BadInput(
+                f"a {method} of pod {pod!r}'s ephemeral containers runs a command in the pod; "
+                "ctrlrun decides those only as pods/{pod}/exec: use it"
+            )
+        case _:
+            return
 
 
 def _unmapped(request: Request) -> Unmapped:

@@ -5,10 +5,13 @@ through a real sidecar to the fake apiserver (which reads a stream's options as 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from harness import POLICY, start_sidecar
+from test_attacks_kube import send
+from test_attacks_kube2 import ALLOW_UNMAPPED
 from test_exec import raw_upgrade, read_head, receipts
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -70,5 +73,64 @@ def test_a_stream_option_go_drops_for_its_bad_escape_is_refused(
         with raw_upgrade(sidecar.proxy_url, f"{kube.url}{plain}", upgrade, "GET") as sock:
             assert read_head(sock).startswith(b"HTTP/1.1 403")
         assert kube.sessions == []
+    finally:
+        sidecar.stop()
+
+
+DEBUGGER = {
+    "name": "debugger",
+    "image": "busybox:1.36",
+    "command": ["sh", "-c", "rm -rf /proc/1/root/data"],
+    "targetContainerName": "app",
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "content_type", "body"),
+    [
+        # What kubectl debug sends: a strategic merge patch of the subresource.
+        (
+            "PATCH",
+            "application/strategic-merge-patch+json",
+            {"spec": {"ephemeralContainers": [DEBUGGER]}},
+        ),
+        ("PATCH", "application/merge-patch+json", {"spec": {"ephemeralContainers": [DEBUGGER]}}),
+        (
+            "PUT",
+            "application/json",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "web-0"},
+                "spec": {
+                    "containers": [{"name": "app", "image": "busybox:1.36"}],
+                    "ephemeralContainers": [DEBUGGER],
+                },
+            },
+        ),
+    ],
+)
+def test_an_ephemeral_container_is_refused_under_unmapped_writes_allow(
+    tmp_path: Path,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    method: str,
+    content_type: str,
+    body: dict[str, object],
+) -> None:
+    # An ephemeral container runs its command in the pod at once, beside (and, with a
+    # target, inside the process namespace of) the pod's own: an exec by another road,
+    # which unmapped_writes: allow would forward undecided.
+    stripe, kube = fakes
+    kube.add_pod("default", "web-0")
+    sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=ALLOW_UNMAPPED, in_process=True)
+    try:
+        target = f"{PODS}/web-0/ephemeralcontainers"
+        headers = [("Content-Type", content_type)]
+        status, got, text = send(
+            sidecar.kube_base, method, target, headers, json.dumps(body).encode()
+        )
+        assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text, kube.sessions)
+        assert status == 422 and b"exec" in text, text
+        assert kube.sessions == [] and kube.count(method) == 0
     finally:
         sidecar.stop()

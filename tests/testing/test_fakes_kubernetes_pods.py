@@ -84,3 +84,25 @@ def test_spdy_upgrade_echoes_the_stream(kube: FakeKubernetes) -> None:
             rest += sock.recv(4096)
         assert rest == b"frames"
     assert [(s.kind, s.container) for s in kube.sessions] == [("attach", "app")]
+
+
+def test_an_ephemeral_container_runs_its_command_when_added(kube: FakeKubernetes) -> None:
+    debugger = {"name": "debugger", "image": "busybox", "command": ["sh"], "args": ["-c", "id"]}
+    body = {"spec": {"ephemeralContainers": [debugger]}}
+    url = f"{kube.url}{POD}/ephemeralcontainers"
+    smp = {"Content-Type": "application/strategic-merge-patch+json"}
+    dry = httpx.patch(f"{url}?dryRun=All", json=body, headers=smp)
+    assert dry.status_code == 200 and kube.sessions == []
+    got = httpx.patch(url, json=body, headers=smp)
+    assert got.status_code == 200, got.text
+    assert [c["name"] for c in got.json()["spec"]["ephemeralContainers"]] == ["debugger"]
+    [session] = kube.sessions
+    assert (session.kind, session.container, session.command) == (
+        "ephemeral",
+        "debugger",
+        ("sh", "-c", "id"),
+    )
+    again = httpx.patch(url, json=body, headers=smp)  # already there: nothing new starts
+    assert again.status_code == 200 and len(kube.sessions) == 1
+    json_patch = {"Content-Type": "application/json-patch+json"}
+    assert httpx.patch(url, json=[], headers=json_patch).status_code == 415

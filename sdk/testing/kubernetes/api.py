@@ -74,6 +74,11 @@ class KubeApi:
             ),
         }
         self._handlers[("GET", "pod")] = lambda c: (200, self.pods.get(c.namespace, c.name))
+        for method in ("PATCH", "PUT"):
+            self._handlers[(method, "ephemeralcontainers")] = lambda c: (
+                200,
+                self.pods.add_ephemeral(c.namespace, c.name, c.request, c.dry_run),
+            )
         for kind in ("exec", "attach", "portforward"):
             for method in ("GET", "POST"):
                 self._handlers[(method, kind)] = partial(self._connect, kind)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..messages import Request, Response
-from .errors import ApiError, not_found
+from .errors import ApiError, not_found, parse_json
 from .objects import Obj, timestamp
 from .routes import go_query
 
@@ -30,13 +30,15 @@ _CHANNELS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "channel.k8s.io")
 _PORTFORWARD = ("v4.portforward.k8s.io", "portforward.k8s.io")
 _SESSION_SECONDS = 30.0  # an upgraded connection the peer leaves open is closed after this
 _SUCCESS = {"metadata": {}, "status": "Success"}
+_SMP = "application/strategic-merge-patch+json"
+_MERGE = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
 class Session:
     """One accepted exec, attach or portforward connection."""
 
-    kind: str  # exec | attach | portforward
+    kind: str  # exec | attach | portforward | ephemeral (a container kubectl debug adds)
     namespace: str
     pod: str
     container: str
@@ -102,6 +104,34 @@ class Pods:
                 headers["X-Stream-Protocol-Version"] = version
             return Response(101, headers=headers, upgrade=_echo)
         raise ApiError(400, "Upgrade request required")
+
+    def add_ephemeral(self, namespace: str, name: str, request: Request, dry_run: bool) -> Obj:
+        """``PATCH`` (strategic or merge) or ``PUT`` of ``pods/{pod}/ephemeralcontainers``, as
+        ``kubectl debug`` sends it: each container new to ``spec.ephemeralContainers`` is
+        started by the kubelet at once with its ``command`` and ``args`` (Kubernetes docs,
+        "Debug Running Pods", ephemeral containers; kubectl's ``pkg/cmd/debug``). Kept as a
+        :class:`Session` of kind ``ephemeral``."""
+        pod = self.get(namespace, name)
+        kind = request.header("content-type").split(";", 1)[0].strip()
+        if request.method == "PATCH" and kind not in (_SMP, _MERGE):
+            raise ApiError(415, f"the fake does not model a {kind or 'untyped'} patch here")
+        body = parse_json(request.body)
+        spec = body.get("spec") if isinstance(body, dict) else None
+        given = spec.get("ephemeralContainers") if isinstance(spec, dict) else None
+        if not isinstance(given, list) or not all(isinstance(c, dict) for c in given):
+            raise ApiError(422, "Pod is invalid: spec.ephemeralContainers: Required value")
+        known = pod["spec"].setdefault("ephemeralContainers", [])
+        names = {c.get("name") for c in known}
+        new = [c for c in given if c.get("name") not in names]
+        if dry_run:
+            return {**pod, "spec": {**pod["spec"], "ephemeralContainers": [*known, *new]}}
+        for container in new:
+            known.append(container)
+            run = [*container.get("command", []), *container.get("args", [])]
+            self.sessions.append(
+                Session("ephemeral", namespace, name, str(container.get("name")), tuple(run), "")
+            )
+        return pod
 
 
 def _choose(offered: list[str], preferred: tuple[str, ...]) -> str:

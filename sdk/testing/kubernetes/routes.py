@@ -26,6 +26,10 @@ PATHS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("exec", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/exec"),
         ("attach", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/attach"),
         ("portforward", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/portforward"),
+        (
+            "ephemeralcontainers",
+            rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/ephemeralcontainers",
+        ),
     ]
 )
 
