@@ -21,6 +21,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from ctrlrun import steady
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.reconcile import EffectFacts, ReconcileOutcome
 
@@ -200,10 +201,14 @@ class Remote:
         if verdict[0] != "not_executed":
             return verdict
         until = settled_at(facts, self.write_timeout, self.settle_margin)
-        now = facts.clock()
-        if now >= until:
+        # The ledger's clock, and this process's monotonic one where it stamped the attempt:
+        # a step of the wall clock since then must not end the window early (``steady``).
+        wait = max(
+            (until - facts.clock()).total_seconds(),
+            steady.still_to_wait(facts.effect_key, facts.attempt, until),
+        )
+        if wait <= 0:
             return verdict
-        wait = (until - now).total_seconds()
         return (
             "unknown",
             f"{verdict[1]}, but the write may still be applied for {wait:.0f} s more "

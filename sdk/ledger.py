@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
 
+from . import steady
 from .action import parse_iso
 from .errors import OutcomeUnknown, StoreError
 from .events import EventType
@@ -149,7 +150,8 @@ def insert_effect(conn: Connection, values: Mapping[str, Any]) -> bool:
     """Insert a new record; False when the key already exists (someone else won)."""
     check_transition(EffectState.NEW, EffectState(values["state"]))
     sql = _insert_effect_sql(tuple(values))  # a plan names its columns in one order
-    return int(_run(conn, sql, values).rowcount) == 1
+    taken = int(_run(conn, sql, values).rowcount) == 1
+    return taken and steady.written(values["effect_key"], 1, values)
 
 
 def move_effect(
@@ -167,7 +169,8 @@ def move_effect(
     params = {**values, "state": new.value}
     sql = _move_effect_sql(tuple(params))
     params.update(k_key=key, k_old=old.value, k_action_id=action_id, k_attempt=attempt)
-    return int(_run(conn, sql, params).rowcount) == 1
+    moved = int(_run(conn, sql, params).rowcount) == 1
+    return moved and steady.written(key, attempt, values, new is EffectState.AMBIGUOUS)
 
 
 def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:

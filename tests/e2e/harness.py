@@ -13,9 +13,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
+from ctrlrun import clocks, steady
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
@@ -289,3 +293,10 @@ def _start_in_process(
     variables = {"STRIPE_E2E_KEY": STRIPE_KEY, **(env or {})}
     sc.inproc = InProcess(settings, sc.log, variables)
     return sc.inproc.start()
+
+
+def time_passes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """``seconds`` go by for this process: its wall clock (the ledger's, on SQLite) and the
+    monotonic clock it keeps its attempts' stamps on (a step of the wall alone is not time)."""
+    monkeypatch.setattr(clocks, "_offset", lambda: timedelta(seconds=seconds))
+    monkeypatch.setattr(steady, "monotonic", lambda: time.monotonic() + seconds)

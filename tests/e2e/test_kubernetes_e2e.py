@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 import kubernetes.client
 import pytest
-from harness import KUBE_TOKEN, Sidecar
+from harness import KUBE_TOKEN, Sidecar, time_passes
 from kubernetes.client.rest import ApiException
 
-from ctrlrun import clocks
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(90)
@@ -97,7 +95,7 @@ def test_reset_before_apply_is_reconciled_not_executed_and_the_retry_commits(
 
     # Two minutes on (this process's clock is the ledger's), the window is over: the next
     # retry's own reconciliation finds replicas still 3, and the renewal is forwarded.
-    monkeypatch.setattr(clocks, "_offset", lambda: timedelta(minutes=2))
+    time_passes(monkeypatch, 120)
     assert scale(api, 6).spec.replicas == 6
     assert sidecar.effect_state(KEY) == "committed"
     assert kube.writes_applied == 1

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import KUBE_TOKEN, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, Sidecar, start_sidecar, time_passes
 from sqlalchemy import update
 
 from ctrlrun import clocks
@@ -170,8 +170,12 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
         # Inside the write's settle window "replicas is still 2" proves nothing ...
         inside = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)
         assert inside.stdout.split() == ["scale:prod-eu:web:5", "unknown"]
-        # ... once it is over (this process's clock, the ledger's, two minutes on), it does.
+        # A step of the wall clock alone (NTP) is not the window going by: still unknown ...
         monkeypatch.setattr(clocks, "_offset", lambda: timedelta(minutes=2))
+        stepped = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)
+        assert stepped.stdout.split() == ["scale:prod-eu:web:5", "unknown"]
+        # ... once it is over (this process's clock, the ledger's, two minutes on), it does.
+        time_passes(monkeypatch, 120)
         every = sc.cli("reconcile", "--policy", str(sc.policy), "--store-url", sc.store_url)
         assert every.returncode == 0, every.stderr
         assert every.stdout.split() == ["scale:prod-eu:web:5", "not_executed"]
