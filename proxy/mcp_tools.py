@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .mcp_config import McpTool
+from .numbers import check_doubles
 from .route_values import BadInput, Mapped, check_arguments, shown
 
 
@@ -23,6 +24,7 @@ def map_call(
     from Stripe-Account), which the call may not give."""
     assert tool.action is not None
     _case_variants(tool, arguments)
+    check_doubles(dict(arguments), f"the arguments of {shown(tool.name)}")
     if tool.arguments is None:
         out = dict(arguments)
     else:

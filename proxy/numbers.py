@@ -25,6 +25,7 @@ from ctrlrun.conditions import NUMERIC_OPS
 from ctrlrun.policy import Policy
 
 from .refusals import Refusal
+from .route_values import BadInput, shown
 
 _PLAIN_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,30})")
 
@@ -68,3 +69,25 @@ def as_numbers(
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# JavaScript reads every JSON number as a double, as do Go's interface{} and many parsers
+# (the TypeScript MCP SDK's servers among them): past 2**53, 9007199254740993 is
+# 9007199254740992 there, one effect under two keys here.
+_MAX_EXACT = 2**53 - 1
+
+
+def check_doubles(value: Any, where: str) -> None:
+    """Refuse an integer in ``value`` that a server reading numbers as doubles reads otherwise."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif type(item) is int and abs(item) > _MAX_EXACT:
+            raise BadInput(
+                f"{where} holds the integer {shown(str(item), 40)}, which JavaScript "
+                "and other servers reading numbers as doubles read as another; send it as a string"
+            )

@@ -22,6 +22,7 @@ from .config import Upstream
 from .field_names import check_names
 from .kube_routes import map_kubernetes
 from .kube_stream import STREAM_ACTIONS, map_kube_stream
+from .numbers import check_doubles
 from .route_values import (
     MAX_BODY,
     WRITE_METHODS,
@@ -210,7 +211,7 @@ def _http_fields(request: Request) -> dict[str, Any]:
         body = load_json(request.body, floats=False, folded=True)
         if not isinstance(body, dict):
             raise BadInput("the JSON body must be an object to give named arguments")
-        _check_doubles(body)
+        check_doubles(body, "the JSON body")
         return body
     if kind == FORM:
         if request.body.lstrip(b" \t\r\n")[:1] in (b"{", b"["):
@@ -231,24 +232,3 @@ def _http_fields(request: Request) -> dict[str, Any]:
         f"cannot read a body of type {shown(kind or 'untyped')}; "
         "ctrlrun reads JSON objects and form fields"
     )
-
-
-# JavaScript reads every JSON number as a double, as do Go's interface{} and many parsers:
-# past 2**53, 9007199254740993 is 9007199254740992 there, one effect under two keys here.
-_MAX_EXACT = 2**53 - 1
-
-
-def _check_doubles(body: dict[str, Any]) -> None:
-    """Refuse an integer in ``body`` that a server reading numbers as doubles reads otherwise."""
-    stack: list[Any] = [body]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif type(item) is int and abs(item) > _MAX_EXACT:
-            raise BadInput(
-                f"the JSON body holds the integer {shown(str(item), 40)}, which JavaScript "
-                "and other servers reading numbers as doubles read as another; send it as a string"
-            )

@@ -201,3 +201,19 @@ def test_a_request_with_the_id_of_a_call_in_flight_is_refused(
     # Once it is answered, the id is free again.
     again = raw.post(json.dumps({"jsonrpc": "2.0", "id": 5, "method": "ping"}).encode())
     assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize("order", [9007199254740993, -9007199254740993, 2**64])
+def test_an_integer_a_javascript_server_reads_as_another_is_refused(
+    raw: Raw, orders: Orders, order: int
+) -> None:
+    # The TypeScript SDK's servers JSON.parse the body: 9007199254740993 is ...992 there, a
+    # refund of the order ...992 names under another effect key.
+    before = len(orders.server.requests)
+    got = _result(raw, 1, "refund_order", order_id=order, amount=500)
+    assert _outcome(got) == "invalid_request", got
+    assert "doubles" in got["content"][0]["text"], got
+    assert len(orders.server.requests) == before and orders.refunds == []
+    exact = _result(raw, 2, "refund_order", order_id=2**53 - 1, amount=500)
+    assert not exact.get("isError"), exact
+    assert orders.refunds == [(2**53 - 1, 500)]
