@@ -33,8 +33,11 @@ def test_a_pod_is_served_as_kubectl_reads_it(kube: FakeKubernetes) -> None:
 @pytest.mark.parametrize(
     ("path", "status", "fragment"),
     [
-        (f"{POD}/exec?command=ls", 400, "Upgrade request required"),
-        (f"{POD}/exec", 400, "at least 1 command"),
+        (f"{POD}/exec?command=ls&container=app", 400, "Upgrade request required"),
+        (f"{POD}/exec?container=app", 400, "at least 1 command"),
+        # The apiserver picks a container only when the pod has one (streamLocation).
+        (f"{POD}/exec?command=ls", 400, "a container name must be specified"),
+        (f"{POD}/exec?command=ls&container=db", 400, "container db is not valid"),
         ("/api/v1/namespaces/default/pods/nope/exec?command=ls", 404, "not found"),
     ],
 )
@@ -71,7 +74,7 @@ def test_websocket_exec_speaks_the_channel_protocol(kube: FakeKubernetes) -> Non
 def test_spdy_upgrade_echoes_the_stream(kube: FakeKubernetes) -> None:
     with socket.create_connection(("127.0.0.1", kube.port), timeout=10) as sock:
         sock.sendall(
-            f"POST {POD}/attach HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\n"
+            f"POST {POD}/attach?container=app HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\n"
             "Upgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n".encode()
         )
         head = b""

@@ -84,8 +84,8 @@ class Pods:
         # ParameterCodec): Go's net/url drops a pair with a bad escape or a ';' and reads on.
         query = go_query(request.target)
         container = next(iter(query.get("container", [])), "")
-        if kind != "portforward" and not container:
-            container = pod["spec"]["containers"][0]["name"]
+        if kind != "portforward":
+            container = _container(pod, name, container)
         command = tuple(query.get("command", []))
         if kind == "exec" and not command:
             raise ApiError(400, "you must specify at least 1 command")
@@ -132,6 +132,24 @@ class Pods:
                 Session("ephemeral", namespace, name, str(container.get("name")), tuple(run), "")
             )
         return pod
+
+
+def _container(pod: Obj, name: str, container: str) -> str:
+    """The container an exec or attach reaches, as the apiserver's ``streamLocation`` picks
+    it (``pkg/registry/core/pod/strategy.go``): the one named, which must be the pod's, or
+    the only one; a pod of several needs a name."""
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    if container:
+        if container not in names:
+            raise ApiError(400, f"container {container} is not valid for pod {name}")
+        return container
+    if len(names) != 1:
+        raise ApiError(
+            400,
+            f"a container name must be specified for pod {name}, choose one of: "
+            f"[{' '.join(names)}]",
+        )
+    return names[0]
 
 
 def _choose(offered: list[str], preferred: tuple[str, ...]) -> str:
