@@ -138,7 +138,7 @@ def _container(pod: Obj, name: str, container: str) -> str:
     """The container an exec or attach reaches, as the apiserver's ``streamLocation`` picks
     it (``pkg/registry/core/pod/strategy.go``): the one named, which must be the pod's, or
     the only one; a pod of several needs a name."""
-    names = [c["name"] for c in pod["spec"]["containers"]]
+    names = [str(c["name"]) for c in pod["spec"]["containers"]]
     if container:
         if container not in names:
             raise ApiError(400, f"container {container} is not valid for pod {name}")
