@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import POLICY, start_sidecar
+from harness import POLICY, Sidecar, start_sidecar
 from test_attacks_kube import send
 from test_attacks_kube2 import ALLOW_UNMAPPED
 from test_exec import raw_upgrade, read_head, receipts
@@ -134,3 +134,32 @@ def test_an_ephemeral_container_is_refused_under_unmapped_writes_allow(
         assert kube.sessions == [] and kube.count(method) == 0
     finally:
         sidecar.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "outcome"),
+    [
+        # Go's URL.Path decodes each escape and go-restful ignores a trailing '/': both are
+        # pods/web-0/exec to the apiserver, so both are decided as k8s.exec (denied here).
+        (f"{PODS}/web-0/ex%65c?command=sh", "denied"),
+        (f"{PODS}/web-0/exec/?command=sh", "denied"),
+        # Spellings servers read differently are refused before any decision.
+        (f"{PODS}/web-0%2Fexec?command=sh", "invalid_request"),
+        (f"/{PODS}/web-0/exec?command=sh", "invalid_request"),
+        (f"{PODS}/web-0/./exec?command=sh", "invalid_request"),
+        (f"{PODS}/x/../web-0/exec?command=sh", "invalid_request"),
+        (f"{PODS}/web-0/Exec?command=sh", "invalid_request"),  # an upgrade no route maps
+    ],
+)
+def test_an_exec_path_spelt_otherwise_is_decided_or_refused(
+    sidecar: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], path: str, outcome: str
+) -> None:
+    kube = fakes[1]
+    kube.add_pod("default", "web-0")
+    with raw_upgrade(sidecar.proxy_url, f"{kube.url}{path}", "websocket", "GET") as sock:
+        head = read_head(sock)
+    assert f"X-Ctrlrun-Outcome: {outcome}".encode() in head, head
+    assert kube.sessions == [] and kube.count() == 0
+    if outcome == "denied":
+        [receipt] = receipts(sidecar)
+        assert (receipt["action"], receipt["decision"]) == ("k8s.exec", "deny")
