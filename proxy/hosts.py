@@ -1,15 +1,23 @@
 """Hosts as the resolver reads them, and addresses in the form they are compared in.
 
 IPv4-mapped IPv6 is its IPv4 address, and every loopback or unspecified address is one:
-``0.0.0.0``, ``::``, ``::1`` and any ``127/8`` reach the same local listeners.
+``0.0.0.0``, ``::``, ``::1`` and any ``127/8`` reach the same local listeners. So does every
+address of this host's own interfaces (its LAN or pod address): a server listening on all
+addresses, as most do, answers there what it answers on ``127.0.0.1``. An address is this
+host's when a socket can be bound to it (the kernel's own test), asked again after ``LOCAL_TTL``
+seconds, since interfaces come and go.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 
-LOOPBACK = "loopback"  # the canonical form of every loopback and unspecified address
+LOOPBACK = "loopback"  # the canonical form of every loopback, unspecified and own address
+LOCAL_TTL = 30.0
+MAX_LOCAL = 4096
+_local: dict[str, tuple[float, bool]] = {}  # address -> (until, whether it is this host's)
 
 
 def normalize(host: str) -> str:
@@ -28,9 +36,30 @@ def canonical(address: str) -> str | None:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    if ip.is_loopback or ip.is_unspecified:
+    zoned = "%" in address and ip.version == 6
+    if ip.is_loopback or ip.is_unspecified or _is_own(address if zoned else str(ip), ip):
         return LOOPBACK
     return str(ip)
+
+
+def _is_own(address: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` (a zone id kept) is one of this host's interfaces' addresses."""
+    now = time.monotonic()
+    known = _local.get(address)
+    if known is not None and known[0] > now:
+        return known[1]
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        info = socket.getaddrinfo(address, 0, family, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind(info[0][4])
+        own = True
+    except OSError:
+        own = False  # EADDRNOTAVAIL: not an address of this host (or no such zone)
+    if len(_local) >= MAX_LOCAL:
+        _local.clear()
+    _local[address] = (now + LOCAL_TTL, own)
+    return own
 
 
 def literal(host: str) -> str | None:

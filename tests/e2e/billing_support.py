@@ -64,9 +64,11 @@ def billing_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, Bill
 
 
 @contextmanager
-def recorder_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+def recorder_sidecar(
+    tmp_path: Path, policy: str, *, bind: str = "127.0.0.1"
+) -> Iterator[tuple[Sidecar, ByteRecorder]]:
     """A sidecar in front of a ``ByteRecorder`` (which answers 200), for raw-wire tests."""
-    upstream = ByteRecorder(answer=True)
+    upstream = ByteRecorder(answer=True, bind=bind)
     with FakeStripe() as stripe, FakeKubernetes() as kube:
         policy_text = policy.replace("PORT", str(upstream.port))
         sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)

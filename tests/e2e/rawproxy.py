@@ -166,11 +166,15 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 class ByteRecorder:
     """A TCP server on loopback that keeps every byte it is sent; with ``answer``, it answers
-    each request head it sees with a 200 (else nothing)."""
+    each request head it sees with a 200 (else nothing). ``bind="::"`` listens on every
+    address, IPv4 and IPv6, as most servers do."""
 
-    def __init__(self, *, answer: bool = False) -> None:
+    def __init__(self, *, answer: bool = False, bind: str = "127.0.0.1") -> None:
         self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        if ":" in bind:
+            self.sock = socket.create_server((bind, 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        else:
+            self.sock = socket.create_server((bind, 0))
         self.port = self.sock.getsockname()[1]
         self.received = bytearray()
         threading.Thread(target=self._serve, daemon=True).start()
