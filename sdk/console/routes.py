@@ -105,11 +105,26 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()  # bounded by ``timeout``, set by setup()
 
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # until its request has arrived, in whole
+        super().handle_one_request()
+
     def do_GET(self) -> None:
-        self._run(self._get)
+        if self._serving():
+            self._run(self._get)
 
     def do_POST(self) -> None:
-        self._run(self._post)
+        form = self._form()  # read first: a body left unread would be taken for a request
+        if self._serving():
+            self._run(lambda app, path: self._post(app, path, form))
+
+    def _serving(self) -> bool:
+        """Whether this connection still holds its slot, now that its request has arrived
+        (while it waited, a new connection may have closed it to take its slot)."""
+        if self.server.serving(self.connection):
+            return True
+        self.close_connection = True
+        return False
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         # The method and path only: never the query, never a header (cookies stay out).
@@ -236,8 +251,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- POST ----------------------------------------------------------------------------------
 
-    def _post(self, app: App, path: str) -> Reply:
-        form = self._form()  # read first: a body left unread would be taken for a request
+    def _post(self, app: App, path: str, form: dict[str, str] | None) -> Reply:
         refusal = self._origin_refusal(app)
         if refusal is not None:
             return self._refused(refusal)

@@ -4,14 +4,20 @@ Everything is checked before the socket is bound, and each refusal is one line: 
 ``operators:`` in the policy, no operator with a token set, a non-loopback address without
 ``allow_remote``, a ledger that does not exist yet.
 
-The server gives each connection a thread, up to ``max_connections`` at once (a client may hold
-one for ``Handler.timeout`` while it trickles its request or its TLS handshake). Past that a
-connection gets no thread: the accept loop answers it a 503 at once and closes it.
+The server gives each connection a thread, up to ``max_connections`` at once. A connection
+that is only waiting for its client (its TLS handshake, its first request, the next one on a
+kept-alive connection, or a request still arriving) holds its slot only until the cap is
+reached: a new connection then closes the one that has waited longest, so clients that open
+connections and send nothing (or trickle bytes) cannot lock operators out. When every slot is
+answering a request, a new connection gets no thread: the accept loop answers it a 503 at once
+and closes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import itertools
 import logging
 import socket
 import ssl
@@ -86,7 +92,11 @@ class ConsoleServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.app = app
         self.max_connections = max_connections
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self._slots_lock = threading.Lock()
+        # The connections holding a slot: since when each has waited for its client (None
+        # while it answers a request). Dicts keep insertion order; the oldest wait goes first.
+        self._open: dict[Any, int | None] = {}
+        self._ticks = itertools.count()  # orders the waits
         self._clock = clock
         self._refused = 0  # connections refused since the last line about them
         self._refused_logged: float | None = None
@@ -112,13 +122,13 @@ class ConsoleServer(ThreadingHTTPServer):
     # -- the cap: process_request runs on the accept loop, the rest on the connection's thread
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._take_slot(request):
             self._refuse(request, client_address)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()  # no thread started (none left?): nothing else gives it back
+            self._give_back(request)  # no thread started (none left?): nothing else gives it back
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -127,7 +137,38 @@ class ConsoleServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(request)
+
+    def waiting(self, request: Any) -> None:
+        """The connection waits for its client (the next request): another may take its slot."""
+        with self._slots_lock:
+            if request in self._open and self._open[request] is None:  # it answered one
+                self._open[request] = next(self._ticks)
+
+    def serving(self, request: Any) -> bool:
+        """The connection's request has arrived: it keeps its slot until it has answered.
+        False when it was already closed to make room (then nothing of it may run)."""
+        with self._slots_lock:
+            if request not in self._open:
+                return False
+            self._open[request] = None
+            return True
+
+    def _take_slot(self, request: Any) -> bool:
+        with self._slots_lock:
+            if len(self._open) >= self.max_connections:
+                idle = {c: since for c, since in self._open.items() if since is not None}
+                if not idle:
+                    return False
+                victim = min(idle, key=idle.__getitem__)
+                del self._open[victim]
+                _hang_up(victim)
+            self._open[request] = next(self._ticks)
+            return True
+
+    def _give_back(self, request: Any) -> None:
+        with self._slots_lock:
+            self._open.pop(request, None)
 
     def _refuse(self, request: socket.socket, client_address: Any) -> None:
         """A connection past the cap: a 503 if it can be written at once, then closed."""
@@ -151,6 +192,14 @@ class ConsoleServer(ThreadingHTTPServer):
                 client_address[0],
             )
             self._refused, self._refused_logged = 0, now
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """End a waiting connection from another thread: its blocked read returns at once."""
+    # The plain socket's shutdown, also under TLS: SSLSocket.shutdown drops its SSL object,
+    # which the connection's own thread is using. An OSError: its client closed it already.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

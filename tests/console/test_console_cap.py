@@ -1,5 +1,7 @@
-"""The console's cap on connections: past it a new one gets no thread, only a quick 503 (over
-TLS, a close), and the slots come back when connections end, however they end."""
+"""The console's cap on connections: past it, while every slot answers a request, a new one gets
+no thread, only a quick 503 (over TLS, a close), and the slots come back when connections end,
+however they end. (A connection only waiting for its client gives its slot up: that is in
+test_attacks_console2.py.)"""
 
 from __future__ import annotations
 
@@ -46,6 +48,38 @@ def idle(srv: ConsoleServer, n: int) -> Iterator[list[socket.socket]]:
         yield socks
 
 
+@contextmanager
+def answering(
+    srv: ConsoleServer, n: int, monkeypatch: pytest.MonkeyPatch, tls: ssl.SSLContext | None = None
+) -> Iterator[list[socket.socket]]:
+    """``n`` connections each held answering a request (GET /held waits until the block ends)."""
+    entered, release = threading.Semaphore(0), threading.Event()
+    plain = routes.Handler._get
+
+    def held(self: routes.Handler, app: routes.App, path: str) -> routes.Reply:
+        if path != "/held":
+            return plain(self, app, path)
+        entered.release()
+        release.wait(30)
+        return routes.Reply(204)
+
+    monkeypatch.setattr(routes.Handler, "_get", held)
+    host, port = address(srv)
+    with ExitStack() as stack:
+        socks = []
+        for _ in range(n):
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=5))
+            if tls is not None:
+                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
+            sock.sendall(f"GET /held HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            assert entered.acquire(timeout=5)
+            socks.append(sock)
+        try:
+            yield socks
+        finally:
+            release.set()
+
+
 def read_all(sock: socket.socket, deadline: float = QUICK) -> bytes:
     """What the server writes until it closes (a reset counts as a close), within a deadline."""
     sock.settimeout(deadline)
@@ -77,10 +111,10 @@ def get_login_within(srv: ConsoleServer, seconds: float = 5.0) -> httpx.Response
 
 
 def test_past_the_cap_a_connection_is_answered_503_at_once(
-    lg: Ledger, caplog: pytest.LogCaptureFixture
+    lg: Ledger, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at_info = caplog.at_level(logging.INFO, logger="ctrlrun.console")
-    with running(lg, max_connections=3) as srv, idle(srv, 3), at_info:
+    with running(lg, max_connections=3) as srv, answering(srv, 3, monkeypatch), at_info:
         answer, took = refused(srv)
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
@@ -98,7 +132,7 @@ def test_past_the_cap_a_connection_is_answered_503_at_once(
 
 
 def test_a_flood_is_counted_in_one_log_line_per_interval(
-    lg: Ledger, caplog: pytest.LogCaptureFixture
+    lg: Ledger, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [0.0]
     store = lg.store()
@@ -106,7 +140,17 @@ def test_a_flood_is_counted_in_one_log_line_per_interval(
     srv = ConsoleServer(("127.0.0.1", 0), app, max_connections=1, clock=lambda: now[0])
     held, peer = socket.socketpair()
     try:
-        srv.process_request(held, ("127.0.0.1", 1))  # the one slot: its thread awaits a request
+        entered, release = threading.Event(), threading.Event()
+
+        def hold(self: routes.Handler, app: routes.App, path: str) -> routes.Reply:
+            entered.set()
+            release.wait(30)
+            return routes.Reply(204)
+
+        monkeypatch.setattr(routes.Handler, "_get", hold)
+        srv.process_request(held, ("127.0.0.1", 1))  # the one slot: its thread answers a request
+        peer.sendall(b"GET /login HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert entered.wait(5)
         with caplog.at_level(logging.INFO, logger="ctrlrun.console"):
             for at in (0.0, 1.0, 9.9, 10.0, 10.5, 25.0):
                 now[0] = at
@@ -118,15 +162,18 @@ def test_a_flood_is_counted_in_one_log_line_per_interval(
         counts = [int(m.group(1)) for m in map(REFUSED.match, said) if m]
         assert counts == [1, 3, 2]  # at 0; then 1, 9.9 and 10; then 10.5 and 25
     finally:
+        release.set()
         peer.close()
         srv.server_close()
         store.close()
 
 
-def test_once_the_held_connections_close_a_request_is_served_again(lg: Ledger) -> None:
+def test_once_the_held_connections_close_a_request_is_served_again(
+    lg: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running(lg, max_connections=3) as srv:
         for _ in range(2):  # the slots come back every time, not only once
-            with idle(srv, 3):
+            with answering(srv, 3, monkeypatch):
                 assert refused(srv)[0].startswith(b"HTTP/1.1 503 ")
             page = get_login_within(srv)
             assert page.status_code == 200
@@ -139,11 +186,14 @@ def test_the_threads_stay_bounded_while_fifty_connections_are_open(lg: Ledger) -
         before = threading.active_count()
         most = before
         with idle(srv, 50) as socks:
+            # Each one past the cap closed the one that had waited longest: wait for each close,
+            # then count again (a closed one's thread has ended by then or is ending).
+            for sock in socks[:-cap]:
+                assert read_all(sock) == b""
+            deadline = time.monotonic() + 5
+            while threading.active_count() > before + cap and time.monotonic() < deadline:
+                time.sleep(0.05)
             most = max(most, threading.active_count())
-            # The ones past the cap are answered and closed: wait for each, then count again.
-            for sock in socks[cap:]:
-                assert read_all(sock).startswith(b"HTTP/1.1 503 ")
-                most = max(most, threading.active_count())
         assert most <= before + cap, (before, most)
         assert get_login_within(srv).status_code == 200
 
@@ -163,17 +213,19 @@ def test_a_request_that_raised_gives_its_slot_back(
         assert get_login_within(srv).status_code == 200
 
 
-def test_over_tls_a_connection_past_the_cap_is_only_closed(lg: Ledger, tmp_path: Path) -> None:
+def test_over_tls_a_connection_past_the_cap_is_only_closed(
+    lg: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pem = self_signed(tmp_path)
+    verify = ssl.create_default_context(cafile=str(pem))
     with running(lg, tls_cert=str(pem), max_connections=2) as srv:
-        with idle(srv, 2):  # two clients that never start their handshake
+        with answering(srv, 2, monkeypatch, verify):  # two requests being answered
             answer, took = refused(srv)
             assert answer == b"" and took < QUICK  # nothing can be written before a handshake
         for _ in range(4):  # handshakes that fail end their threads and free their slots
             with socket.create_connection(address(srv), timeout=5) as sock:
                 sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
                 read_all(sock, 5.0)
-        verify = ssl.create_default_context(cafile=str(pem))
         with httpx.Client(base_url=srv.url, verify=verify, timeout=10, trust_env=False) as c:
             assert c.get("/login").status_code == 200
 
