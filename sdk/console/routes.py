@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # bytes of a form
 CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # all but tab and line ends
+CONTROL_OR_LINE_END = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "
@@ -83,6 +84,12 @@ class App:
     def secure_cookie(self) -> bool:
         """Whether browsers reach it over TLS (its own, or a proxy's in front)."""
         return self.secure or (self.public_origin or "").startswith("https://")
+
+
+def one_line(text: str) -> str:
+    """``text`` for a log line: a line end or control character in a form's value (a freeze's
+    reason or action name) is escaped, so it cannot start a line of its own."""
+    return CONTROL_OR_LINE_END.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def redirect(to: str, **headers: str) -> Reply:
@@ -336,7 +343,7 @@ class Handler(BaseHTTPRequestHandler):
         except CTRLRunError as exc:
             status = 400 if isinstance(exc, InvalidArgument) else 409
             return Reply(status, self._page(app, session, back, errors=[str(exc)]))
-        log.info("console: %s: %s", who, said)
+        log.info("console: %s: %s", who, one_line(said))
         session.flash.append(said)
         return redirect(back)
 

@@ -4,6 +4,7 @@ replayed after logout or fixed before login, log lines forged through a form."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_support import Ledger, client, csrf_of, login, new_ledger, running
+from console_support import TOKENS, Ledger, client, csrf_of, login, new_ledger, running
 from test_console_cap import address, idle, read_all
 
 from ctrlrun.console import ConsoleServer, auth
@@ -134,6 +135,22 @@ def test_a_session_id_is_worth_nothing_after_logout_or_from_before_login(lg: Led
                 got = replay.post("/approvals/answer", data=data)
                 assert got.status_code in (401, 403), got.status_code
     assert status_of(lg, request_id) == "pending"
+
+
+def test_a_line_end_in_a_freeze_reason_forges_no_log_line(
+    lg: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "x\nconsole: bob: granted apr_1 by bob\r\nconsole: bob logged in"
+    at_info = caplog.at_level(logging.INFO, logger="ctrlrun.console")
+    with at_info, running(lg) as srv, client(srv) as c:
+        csrf = login(c)
+        got = c.post("/freeze", data={"csrf": csrf, "action": "ops.push", "reason": forged})
+        assert got.status_code == 303
+        assert "ops.push" in c.get("/freeze").text
+    said = [r.getMessage() for r in caplog.records]
+    assert not any(line.startswith("console: bob") for m in said for line in m.splitlines())
+    assert not any("\n" in m or "\r" in m for m in said)
+    assert TOKENS["alice"] not in "".join(said)
 
 
 def test_a_late_second_approval_and_an_unknown_id_change_nothing(lg: Ledger) -> None:
