@@ -23,6 +23,7 @@ from .answers import answer
 from .classify import Transport
 from .config import Upstream
 from .credentials import UpstreamTokens
+from .framing import NO_READ_HEADERS, UNSENDABLE_BYTES
 from .gate import Asked, Gate, Passage
 from .guard import Guard
 from .handled import Handled
@@ -30,7 +31,7 @@ from .mcp_gate import McpGate, internal_error
 from .mcp_sessions import HEADER
 from .principal import Principals
 from .refusals import Refusal
-from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, READ_METHODS, WRITE_HEADER_BYTES
+from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, READ_METHODS
 from .routes import PassThrough, Request
 
 log = logging.getLogger(__name__)
@@ -293,10 +294,12 @@ def _is_read(req: http.Request) -> bool:
     and query parsing would cost reads (the hot path) more than the rest of the proxy."""
     if req.data.method not in READ_METHOD_BYTES or req.raw_content:
         return False  # a read with a body is refused by the guard (``unreadable``)
-    for name, value in req.headers.fields:
-        if name.lower() in WRITE_HEADER_BYTES or b"\n" in value or b"\r" in value:
+    for name, value in req.headers.fields:  # a Content-Length: the guard's (``unframed``)
+        if name.lower() in NO_READ_HEADERS or b"\n" in value or b"\r" in value:
             return False
     path = req.data.path
+    if UNSENDABLE_BYTES.search(path):
+        return False  # over HTTP/2 a target can hold a CR LF: the guard refuses it
     if b"#" in path:
         return False  # the guard refuses it: servers differ on what a '#' in a target is
     if b"%" in path or OVERRIDE_PARAMETER.encode() in path:  # "%5Fmethod" is "_method" too

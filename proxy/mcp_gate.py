@@ -28,6 +28,7 @@ from ctrlrun.action import Principal
 from .answers import _message
 from .config import Upstream
 from .forward import Forwarded, forward_headers
+from .framing import unframed
 from .guard import Guard
 from .mcp_call import CallGuard, Settled
 from .mcp_messages import (
@@ -88,6 +89,9 @@ class McpGate:
         method = request.method.upper()
         if request.folded:
             return _protocol(ProtocolError(-32600, "ctrlrun relays no header folded over lines"))
+        unsent = unframed(request)
+        if unsent is not None:
+            return _protocol(ProtocolError(-32600, unsent))
         if "upgrade" in request.headers or overridden(request.headers, request.query):
             # The server may honour either and run what ctrlrun did not read as a message.
             return _protocol(ProtocolError(-32600, "ctrlrun relays no Upgrade or method override"))

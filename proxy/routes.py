@@ -20,6 +20,7 @@ from typing import Any
 
 from .config import Upstream
 from .field_names import check_names
+from .framing import unframed
 from .kube_routes import map_kubernetes
 from .kube_stream import STREAM_ACTIONS, map_kube_stream
 from .numbers import check_doubles
@@ -74,7 +75,7 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
     against the profile's routes; only a matched write has its body read (at most
     ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
     """
-    refused = unreadable(request)
+    refused = unreadable(request) or unframed(request)
     if refused is not None:
         return Invalid(refused)
     if hidden_write(request.method, request.headers, request.query) is None:

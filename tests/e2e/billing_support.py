@@ -4,6 +4,7 @@ recorder of the bytes that reach it."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,10 +66,10 @@ def billing_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, Bill
 
 @contextmanager
 def recorder_sidecar(
-    tmp_path: Path, policy: str, *, bind: str = "127.0.0.1"
+    tmp_path: Path, policy: str, *, bind: str = "127.0.0.1", tls: ssl.SSLContext | None = None
 ) -> Iterator[tuple[Sidecar, ByteRecorder]]:
     """A sidecar in front of a ``ByteRecorder`` (which answers 200), for raw-wire tests."""
-    upstream = ByteRecorder(answer=True, bind=bind)
+    upstream = ByteRecorder(answer=True, bind=bind, tls=tls)
     with FakeStripe() as stripe, FakeKubernetes() as kube:
         policy_text = policy.replace("PORT", str(upstream.port))
         sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)

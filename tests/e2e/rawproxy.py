@@ -167,10 +167,12 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 class ByteRecorder:
     """A TCP server on loopback that keeps every byte it is sent; with ``answer``, it answers
     each request head it sees with a 200 (else nothing). ``bind="::"`` listens on every
-    address, IPv4 and IPv6, as most servers do."""
+    address, IPv4 and IPv6, as most servers do; with ``tls`` it speaks TLS."""
 
-    def __init__(self, *, answer: bool = False, bind: str = "127.0.0.1") -> None:
-        self.answer = answer
+    def __init__(
+        self, *, answer: bool = False, bind: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.answer, self.tls = answer, tls
         if ":" in bind:
             self.sock = socket.create_server((bind, 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
@@ -190,6 +192,12 @@ class ByteRecorder:
     def _read(self, conn: socket.socket) -> None:
         conn.settimeout(5)
         seen = 0
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
         with conn:
             try:
                 while data := conn.recv(65536):

@@ -5,21 +5,33 @@ An address of the host's own interfaces (its LAN or pod address) reaches every s
 listens on all addresses, as most do, exactly as ``127.0.0.1`` does: a denied write to an
 upstream at ``127.0.0.1`` sent to ``10.254.0.1`` reached it undecided. The test that shows it
 runs in a network namespace of its own (``unshare -rn``), with that address on its loopback
-interface, and is skipped where one cannot be made. The rest pin spellings and framings that
-meet the guard or are refused before anything reaches the server.
+interface, and is skipped where one cannot be made.
+
+Over HTTP/2 a target and a header are length-prefixed fields, and mitmproxy wrote them out as
+sent to an HTTP/1.1 upstream: a read whose ``:path`` held ``HTTP/1.1\r\n\r\nPOST /send``
+delivered the denied write after it, and a read's ``content-length`` with no body made the
+server take the next request on the connection for its body. Both are refused now.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from billing_support import recorder_sidecar
-from rawproxy import exchange
+from harness import Sidecar
+from rawproxy import ByteRecorder, client_tls, exchange
+
+from ctrlrun.testing.tls import fake_ca
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -113,6 +125,74 @@ def test_a_write_to_an_address_of_the_hosts_own_interfaces_is_guarded(tmp_path: 
         assert "POST" not in received, (name, received)
     answer, received = results["read"]
     assert answer.startswith("HTTP/1.1 200") and received.startswith("GET /v1/x "), answer
+
+
+TLS_POLICY = POLICY.replace(
+    "url: http://127.0.0.1:PORT", "url: https://127.0.0.1:PORT\n    ca_file: CA"
+)
+SMUGGLED = f"POST {SEND} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
+H2_ATTACKS = {
+    "crlf-path": [(":path", f"/v1/x HTTP/1.1\r\nHost: a\r\n\r\n{SMUGGLED}GET /y")],
+    "space-path": [(":path", f"/v1/x HTTP/1.1\r\n{SMUGGLED}")],
+    "lf-path": [(":path", "/v1/x HTTP/1.1\nX: y\n\nPOST /v1/invoices/in_1/send")],
+    "crlf-query": [(":path", f"/v1/x?a=b HTTP/1.1\r\n\r\n{SMUGGLED}")],
+    "length-no-body": [(":path", "/v1/x"), ("content-length", str(len(SMUGGLED)))],
+}
+
+
+@pytest.fixture
+def tls_rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    ca = fake_ca()
+    policy = TLS_POLICY.replace("CA", str(ca.ca_file))
+    with recorder_sidecar(tmp_path, policy, tls=ca.server_context()) as both:
+        yield both
+
+
+def h2_read(sc: Sidecar, port: int, fields: list[tuple[str, str]]) -> int | None:
+    """A GET over HTTP/2 through a CONNECT tunnel; the status it got, or None (a reset)."""
+    authority = f"127.0.0.1:{port}"
+    head = [(":method", "GET"), (":scheme", "https"), (":authority", authority)]
+    names = {name for name, _ in fields}
+    headers = [(k, v) for k, v in head if k not in names] + fields
+    if ":path" not in names:
+        headers.insert(3, (":path", "/v1/x"))
+    ctx = client_tls(str(sc.workdir / "mitm" / "mitmproxy-ca-cert.pem"))
+    ctx.set_alpn_protocols(["h2"])
+    config = h2.config.H2Configuration(
+        client_side=True, validate_outbound_headers=False, normalize_outbound_headers=False
+    )
+    conn = h2.connection.H2Connection(config)
+    with socket.create_connection(("127.0.0.1", int(sc.proxy_url.rsplit(":", 1)[1])), 20) as raw:
+        raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            conn.initiate_connection()
+            conn.send_headers(1, headers, end_stream=True)
+            sock.sendall(conn.data_to_send())
+            for _ in range(100):  # bounded: a handful of frames end the stream
+                data = sock.recv(65536)
+                if not data:
+                    return None
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        return int(dict(event.headers)[b":status"])
+                    if isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                        return None
+                sock.sendall(conn.data_to_send())
+    return None
+
+
+@pytest.mark.parametrize("name", list(H2_ATTACKS))
+def test_an_http2_read_an_http1_server_would_frame_as_more_is_refused(
+    tls_rig: tuple[Sidecar, ByteRecorder], name: str
+) -> None:
+    sc, upstream = tls_rig
+    status = h2_read(sc, upstream.port, H2_ATTACKS[name])
+    assert status is None or status >= 400, status
+    assert bytes(upstream.received) == b""
+    # A plain read over HTTP/2 still passes.
+    assert h2_read(sc, upstream.port, []) == 200
+    assert bytes(upstream.received).startswith(b"GET /v1/x HTTP/1.1\r\n")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def flow_request(target: str, method: str = "PATCH", body: bytes = BODY) -> Requ
     """What the addon makes of a request with this exact target."""
     flow = tutils.treq(method=method.encode(), path=target.encode(), content=body)
     flow.headers["content-type"] = MERGE
+    flow.headers["content-length"] = str(len(body))  # as on the wire (treq's says 7)
     return facts(tflow.tflow(req=flow))
 
 

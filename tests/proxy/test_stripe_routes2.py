@@ -30,6 +30,7 @@ def flow(method: str, target: str, body: bytes = b"") -> http.HTTPFlow:
     f.request.path = target
     f.request.headers["content-type"] = FORM
     f.request.raw_content = body
+    f.request.headers["content-length"] = str(len(body))  # as on the wire (tflow's says 7)
     return f
 
 
