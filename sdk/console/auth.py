@@ -136,6 +136,28 @@ class Sessions:
             del self._by_id[sid]
 
 
+class LoginGate:
+    """One login at a time per operator name (every unknown name shares one), so that the wait
+    after a wrong token bounds guessing however many connections ask at once: a login asked
+    while another as the same name is being checked (or waits out its wrong token) is refused
+    at once, its token unread, and holds no connection for the wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+
+    def enter(self, key: str) -> bool:
+        with self._lock:
+            if key in self._busy:
+                return False
+            self._busy.add(key)
+            return True
+
+    def leave(self, key: str) -> None:
+        with self._lock:
+            self._busy.discard(key)
+
+
 def cookie_header(sid: str, *, secure: bool, max_age: int | None = None) -> str:
     """``Set-Cookie`` for the session: HttpOnly, SameSite=Strict, Path=/, Secure over TLS."""
     parts = [f"{COOKIE}={sid}", "HttpOnly", "SameSite=Strict", "Path=/"]

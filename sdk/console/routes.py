@@ -75,6 +75,7 @@ class App:
     login_delay: float = 0.5  # seconds a wrong token waits, to slow guessing
     public_origin: str | None = None  # --public-url: what browsers see through a TLS proxy
     actions: frozenset[str] | None = None  # the policy's action names (a freeze's typo)
+    login_gate: auth.LoginGate = field(default_factory=auth.LoginGate)
 
     @property
     def scheme(self) -> str:
@@ -320,10 +321,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _login(self, app: App, session: auth.Session, form: Mapping[str, str]) -> Reply:
         name, token = form.get("operator", ""), form.get("token", "")
-        if not token or not auth.token_matches(app.tokens, name, token):
-            time.sleep(app.login_delay)
-            log.info("console: a login as %r was refused", name if name in app.tokens else "?")
-            return self._login_page(app, session, errors=["Wrong operator or token."], status=401)
+        key = name if name in app.tokens else ""
+        if not app.login_gate.enter(key):
+            log.info("console: a login as %r was refused: another is being checked", key or "?")
+            said = "Another login as this operator is being checked: wait a second, try again."
+            return self._login_page(app, session, errors=[said], status=429)
+        try:
+            if not token or not auth.token_matches(app.tokens, name, token):
+                time.sleep(app.login_delay)
+                log.info("console: a login as %r was refused", key or "?")
+                return self._login_page(
+                    app, session, errors=["Wrong operator or token."], status=401
+                )
+        finally:
+            app.login_gate.leave(key)
         app.sessions.end(session.sid)
         fresh = app.sessions.start(name)
         log.info("console: %s logged in", name)

@@ -8,6 +8,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -176,3 +177,37 @@ def test_an_idle_socket_closed_by_its_client_frees_its_slot(lg: Ledger) -> None:
                 pass
         with client(srv) as c:
             assert c.get("/login").status_code == 200
+
+
+def wrong_login(srv: ConsoleServer, name: str, token: str = "guess") -> int:
+    """A login as ``name`` from a fresh client: the status it is answered."""
+    with client(srv) as c:
+        form = c.get("/login")
+        data = {"csrf": csrf_of(form.text), "operator": name, "token": token}
+        return c.post("/login", data=data).status_code
+
+
+def test_guesses_sent_at_once_wait_one_after_another_and_hold_no_slot(lg: Ledger) -> None:
+    # Before, each wrong token held its connection's slot for the wait: as many guesses at once
+    # as --max-connections were answered together, and the console was a 503 for everyone.
+    with running(lg) as srv, client(srv) as alice:
+        login(alice)  # a right token waits for nothing
+        srv.app.login_delay = 2.0
+        first = ThreadPoolExecutor(1)
+        held = first.submit(wrong_login, srv, "alice")
+        deadline = time.monotonic() + 5
+        while srv.app.login_gate.enter("alice"):  # until the wrong token above is waited out
+            srv.app.login_gate.leave("alice")
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with ThreadPoolExecutor(8) as pool:  # guesses at once: each answered at once
+            answers = list(pool.map(lambda _: wrong_login(srv, "alice"), range(8)))
+        assert answers == [429] * 8
+        assert wrong_login(srv, "alice", TOKENS["alice"]) == 429  # unread while one waits
+        assert alice.get("/approvals").status_code == 200  # the session goes on: no 503
+        with client(srv) as bob:
+            login(bob, "bob")
+        assert held.result(10) == 401
+        first.shutdown()
+        with client(srv) as again:
+            login(again, "alice")
