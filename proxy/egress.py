@@ -33,12 +33,12 @@ class Egress:
         if self.default == "allow":
             return True
         name = normalize(host)
-        address = literal(name)
+        address = literal(name, own=False)  # the pod's address allows no loopback listener
         for entry in self.allow:
             if entry.startswith("*."):
                 if name.endswith(entry[1:]) and address is None:
                     return True
-            elif entry == name or (address is not None and literal(entry) == address):
+            elif entry == name or (address is not None and literal(entry, own=False) == address):
                 return True
         return False
 

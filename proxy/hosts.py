@@ -28,8 +28,12 @@ def normalize(host: str) -> str:
     return host.rstrip(".") if host not in (".", "") else host
 
 
-def canonical(address: str) -> str | None:
-    """An address in the form addresses are compared in; None for anything not an address."""
+def canonical(address: str, *, own: bool = True) -> str | None:
+    """An address in the form addresses are compared in; None for anything not an address.
+
+    ``own=False`` leaves this host's interface addresses as they are: where reaching one
+    place must not allow reaching another (egress), the pod's address is not ``127.0.0.1``.
+    """
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -37,7 +41,7 @@ def canonical(address: str) -> str | None:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     zoned = "%" in address and ip.version == 6
-    if ip.is_loopback or ip.is_unspecified or _is_own(address if zoned else str(ip), ip):
+    if ip.is_loopback or ip.is_unspecified or (own and _is_own(address if zoned else str(ip), ip)):
         return LOOPBACK
     return str(ip)
 
@@ -62,14 +66,14 @@ def _is_own(address: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> 
     return own
 
 
-def literal(host: str) -> str | None:
+def literal(host: str, *, own: bool = True) -> str | None:
     """The canonical address of an IP literal in any form ``connect`` accepts, else None."""
     host = normalize(host)
-    found = canonical(host)
+    found = canonical(host, own=own)
     if found is not None or ":" in host:
         return found
     try:
         # inet_aton reads what getaddrinfo reads for IPv4: 127.1, 0x7f.1, 017700000001, 2130706433
-        return canonical(socket.inet_ntoa(socket.inet_aton(host)))
+        return canonical(socket.inet_ntoa(socket.inet_aton(host)), own=own)
     except OSError:
         return None

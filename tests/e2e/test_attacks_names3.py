@@ -88,7 +88,22 @@ def _inside(workdir: Path) -> None:
         read = absolute(f"{OWN_V4}:{upstream.port}", method="GET", path="/v1/x")
         got = exchange(sc.proxy_url, read)
         results["read"] = [got.decode("latin-1")[:400], bytes(upstream.received).decode()]
+    results.update(_egress_inside(workdir / "egress"))
     print(MARK + json.dumps(results), flush=True)
+
+
+def _egress_inside(workdir: Path) -> dict[str, list[str]]:
+    """Egress that allows the host's own address allows no loopback listener with it."""
+    other = ByteRecorder(answer=True, bind="::")
+    policy = POLICY + f"egress:\n  default: deny\n  allow: [{OWN_V4}]\n"
+    results = {}
+    with recorder_sidecar(workdir, policy, bind="::") as (sc, _):
+        for name, host in (("egress-own", OWN_V4), ("egress-loopback", "127.0.0.1")):
+            read = absolute(f"{host}:{other.port}", method="GET", path="/v1/x")
+            got = exchange(sc.proxy_url, read)
+            results[name] = [got.decode("latin-1")[:400], bytes(other.received).decode()]
+    other.sock.close()
+    return results
 
 
 def _namespace_refused() -> str | None:
@@ -125,6 +140,11 @@ def test_a_write_to_an_address_of_the_hosts_own_interfaces_is_guarded(tmp_path: 
         assert "POST" not in received, (name, received)
     answer, received = results["read"]
     assert answer.startswith("HTTP/1.1 200") and received.startswith("GET /v1/x "), answer
+    answer, received = results["egress-own"]
+    assert answer.startswith("HTTP/1.1 200") and received.startswith("GET /v1/x "), answer
+    answer, received = results["egress-loopback"]
+    assert "X-Ctrlrun-Outcome: denied" in answer and "egress" in answer, answer
+    assert received.count("GET /v1/x ") == 1, received
 
 
 TLS_POLICY = POLICY.replace(
