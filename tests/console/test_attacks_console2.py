@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_support import TOKENS, Ledger, client, csrf_of, login, new_ledger, running
+from console_support import (
+    TOKENS,
+    Ledger,
+    client,
+    csrf_of,
+    login,
+    new_ledger,
+    running,
+    self_signed,
+)
 from test_console_cap import address, idle, read_all
 
 from ctrlrun.console import ConsoleServer, auth
@@ -211,3 +221,14 @@ def test_guesses_sent_at_once_wait_one_after_another_and_hold_no_slot(lg: Ledger
         first.shutdown()
         with client(srv) as again:
             login(again, "alice")
+
+
+def test_over_tls_handshakes_never_started_do_not_lock_operators_out(
+    lg: Ledger, tmp_path: Path
+) -> None:
+    pem = self_signed(tmp_path)
+    verify = ssl.create_default_context(cafile=str(pem))
+    with running(lg, tls_cert=str(pem), max_connections=2) as srv, idle(srv, 2) as socks:
+        with httpx.Client(base_url=srv.url, verify=verify, timeout=10, trust_env=False) as c:
+            assert c.get("/login").status_code == 200
+        assert read_all(socks[0]) == b""
