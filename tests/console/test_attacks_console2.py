@@ -232,3 +232,23 @@ def test_over_tls_handshakes_never_started_do_not_lock_operators_out(
         with httpx.Client(base_url=srv.url, verify=verify, timeout=10, trust_env=False) as c:
             assert c.get("/login").status_code == 200
         assert read_all(socks[0]) == b""
+
+
+def test_an_approval_past_its_expiry_is_not_granted_late(lg: Ledger) -> None:
+    from sqlalchemy import update
+
+    from ctrlrun.schema import approvals
+
+    request_id = lg.ask_approval("pi_late2")
+    with running(lg) as srv, client(srv) as c:
+        csrf = login(c)
+        store = lg.store()
+        with store.transaction() as conn:  # its time ran out; no sidecar has marked it yet
+            past = "2000-01-01T00:00:00.000000Z"
+            where = approvals.c.approval_id == request_id
+            conn.execute(update(approvals).where(where).values(expires_at=past))
+        store.close()
+        data = {"csrf": csrf, "request_id": request_id, "decision": "approve"}
+        late = c.post("/approvals/answer", data=data)
+        assert late.status_code == 409 and "expired" in late.text
+    assert status_of(lg, request_id) != "granted"  # the sidecars' sweep records it expired
