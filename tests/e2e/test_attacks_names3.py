@@ -215,5 +215,45 @@ def test_an_http2_read_an_http1_server_would_frame_as_more_is_refused(
     assert bytes(upstream.received).startswith(b"GET /v1/x HTTP/1.1\r\n")
 
 
+def spelt_attacks(port: int) -> dict[str, bytes]:
+    up = f"127.0.0.1:{port}"
+    origin = f"POST {SEND} HTTP/1.1\r\nHost: {up}\r\nContent-Length: 0\r\n\r\n".encode()
+    return {
+        "userinfo": absolute(f"u:p@{up}", host=up),
+        "port-leading-zero": absolute(f"127.0.0.1:0{port}", host=up),
+        "zone-id": absolute(f"[::1%25lo]:{port}", host=up),
+        "ipv4-compatible": absolute(f"[::127.0.0.1]:{port}", host=up),
+        "fullwidth": absolute(f"\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54:{port}"),
+        "lower-case-method": absolute(up, method="post"),
+        "second-host": absolute(up).replace(
+            b"Content-Length", b"Host: example.com\r\nContent-Length"
+        ),
+        "http10-no-host": f"POST http://{up}{SEND} HTTP/1.0\r\nContent-Length: 0\r\n\r\n".encode(),
+        "expect-continue": absolute(up).replace(
+            b"Content-Length", b"Expect: 100-continue\r\nContent-Length"
+        ),
+        "bare-lf": absolute(up).replace(b"\r\n", b"\n"),
+        "connect-0port": tunnel(f"127.0.0.1:0{port}", origin),
+        "connect-then-absolute-other": tunnel(up, absolute("example.com", host="example.com")),
+        "connect-h2-preface": tunnel(up, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+    }
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    with recorder_sidecar(tmp_path, POLICY) as both:
+        yield both
+
+
+@pytest.mark.parametrize("name", list(spelt_attacks(0)))
+def test_a_denied_write_under_another_spelling_or_framing_never_arrives(
+    rig: tuple[Sidecar, ByteRecorder], name: str
+) -> None:
+    sc, upstream = rig
+    got = exchange(sc.proxy_url, spelt_attacks(upstream.port)[name], answers=2)
+    assert b"HTTP/1.1 200 OK" not in got.replace(b"200 Connection established", b""), got
+    assert b"POST" not in bytes(upstream.received), bytes(upstream.received)
+
+
 if __name__ == "__main__":
     _inside(Path(sys.argv[1]))
