@@ -50,18 +50,31 @@ class Billing:
         self.server.server_close()
 
 
+# A profile: http upstream whose one route, sending an invoice, is denied (braces doubled: the
+# harness formats the policy).
+DENY_SEND = """\
+schema: ctrlrun.policy/v2
+actions:
+  billing.send:
+    decision: deny
+upstreams:
+  billing:
+    profile: http
+    url: http://127.0.0.1:PORT
+    routes:
+      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
+"""
+
+
 @contextmanager
 def billing_sidecar(tmp_path: Path, policy: str) -> Iterator[tuple[Sidecar, Billing]]:
     """A sidecar whose policy is ``policy`` with PORT replaced by the Billing server's."""
     billing = Billing()
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy_text = policy.replace("PORT", str(billing.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)
-        try:
+    try:
+        with _sidecar_before(tmp_path, policy, billing.port) as sc:
             yield sc, billing
-        finally:
-            sc.stop()
-            billing.close()
+    finally:
+        billing.close()
 
 
 @contextmanager
@@ -70,14 +83,23 @@ def recorder_sidecar(
 ) -> Iterator[tuple[Sidecar, ByteRecorder]]:
     """A sidecar in front of a ``ByteRecorder`` (which answers 200), for raw-wire tests."""
     upstream = ByteRecorder(answer=True, bind=bind, tls=tls)
+    try:
+        with _sidecar_before(tmp_path, policy, upstream.port) as sc:
+            yield sc, upstream
+    finally:
+        upstream.sock.close()
+
+
+@contextmanager
+def _sidecar_before(tmp_path: Path, policy: str, port: int) -> Iterator[Sidecar]:
+    """An in-process sidecar whose policy is ``policy`` with PORT replaced by ``port``."""
     with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy_text = policy.replace("PORT", str(upstream.port))
+        policy_text = policy.replace("PORT", str(port))
         sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)
         try:
-            yield sc, upstream
+            yield sc
         finally:
             sc.stop()
-            upstream.sock.close()
 
 
 def receipts(sc: Sidecar) -> list[tuple[str, str]]:

@@ -14,25 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from billing_support import recorder_sidecar
+from billing_support import DENY_SEND, recorder_sidecar
 from harness import Sidecar
 from rawproxy import ByteRecorder, exchange
 
 pytestmark = pytest.mark.timeout(120)
 
-# Formatted by the harness: braces are doubled.
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  billing.send:
-    decision: deny
-upstreams:
-  billing:
-    profile: http
-    url: http://127.0.0.1:PORT
-    routes:
-      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
-"""
+POLICY = DENY_SEND
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
-from billing_support import recorder_sidecar
+from billing_support import DENY_SEND, recorder_sidecar
 from harness import Sidecar
 from rawproxy import ByteRecorder, client_tls, exchange
 
@@ -35,19 +35,7 @@ from ctrlrun.testing.tls import fake_ca
 
 pytestmark = pytest.mark.timeout(240)
 
-# Formatted by the harness: braces are doubled.
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  billing.send:
-    decision: deny
-upstreams:
-  billing:
-    profile: http
-    url: http://127.0.0.1:PORT
-    routes:
-      - {{method: POST, path: "/v1/invoices/{{invoice_id}}/send", action: billing.send}}
-"""
+POLICY = DENY_SEND
 SEND = "/v1/invoices/in_1/send"
 OWN_V4, OWN_V6 = "10.254.0.1", "fd00:254::1"  # put on the namespace's loopback interface
 MARK = "RESULTS "
