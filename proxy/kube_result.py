@@ -26,7 +26,7 @@ from urllib.parse import quote
 from .config import Upstream
 from .forward import Forwarded, Forwarder, forward_headers
 from .refusals import Refusal
-from .route_values import KubeWrite, Mapped, Request, check_arguments
+from .route_values import KubeWrite, Mapped, Request, check_arguments, shown
 
 log = logging.getLogger(__name__)
 _MAX_REPLICAS = 2**31 - 1  # spec.replicas is an int32
@@ -121,6 +121,16 @@ def decide(
     changes = changed(old, stored)
     if not changes:
         return None
+    owners = _new_owners(old, stored)
+    if owners:
+        # The garbage collector deletes an object whose every owner is gone (not there, or
+        # there under another uid), at once or once that owner is deleted: a delete by
+        # another road, which an update's action would otherwise decide.
+        return _invalid(
+            f"this write gives {write.arguments.get('workload', write.name)} the owner "
+            f"{shown(owners[0], 80)} (metadata.ownerReferences): the garbage collector "
+            "deletes it once that owner is gone; ctrlrun decides deletes only by name"
+        )
     if changes == ["replicas"]:
         return Mapped("k8s.scale", {**base, "replicas": replicas})
     if "replicas" in changes:
@@ -219,6 +229,19 @@ def with_precondition(media: str, document: Any, version: str | None) -> Any:
     if "resourceVersion" not in meta or meta["resourceVersion"] in (None, ""):
         out["metadata"] = {**meta, "resourceVersion": version}
     return out
+
+
+def _new_owners(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The owner references ``new`` holds that ``old`` did not, as kind/name."""
+    before = _map(old.get("metadata")).get("ownerReferences") or []
+    after = _map(new.get("metadata")).get("ownerReferences") or []
+    if not isinstance(after, list):
+        return ["(unreadable)"]
+    return [
+        f"{_map(ref).get('kind')}/{_map(ref).get('name')}"
+        for ref in after
+        if not isinstance(before, list) or ref not in before
+    ]
 
 
 def _replicas(obj: Mapping[str, Any]) -> int | Refusal:
