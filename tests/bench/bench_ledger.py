@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -41,6 +42,7 @@ GOAL_SCALE = 1.2  # the largest ledger's call cost over the smallest's
 GOAL_QUERY_S = 0.3
 GOAL_PG_RATIO = 0.5  # our PostgreSQL call over the reference's
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 OURS, THEIRS = "ours pg fresh", "theirs pg fresh"
 
 
@@ -319,13 +321,22 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args)
     started = time.monotonic()
     run.say(f"load average at start: {load()}")
+    # Ctrl-C and SIGTERM both end up in the cleanup below (SIGINT too when it came in ignored).
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in STOP_SIGNALS}
     try:
         measure(run)
     except (bp.WorkerError, TimeoutError, RuntimeError) as exc:
         print(f"bench_ledger: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the workers and throwaway databases go in ``finally``
+        print("\nbench_ledger: interrupted; stopping the workers", file=sys.stderr)
+        return 130
     finally:
-        run.close()
+        for sig in STOP_SIGNALS:  # the cleanup is bounded; a second Ctrl-C must not cut it short
+            signal.signal(sig, signal.SIG_IGN)
+        run.close()  # the workers, then the throwaway databases and the work directory
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
     run.say("\ngoals:")
     for name, g in run.goals.items():
