@@ -5,10 +5,13 @@ autoscaler's minimum), the kubelet (a pod's image), an API group older than apps
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import KUBE_TOKEN, Sidecar, start_sidecar
+from test_attacks_kube import send
+from test_attacks_kube2 import ALLOW_UNMAPPED
 from test_kubectl import KUBECONFIG, kubectl
 from test_kubectl_writes import STARTER_WITH_FAKES
 
@@ -49,3 +52,164 @@ def test_an_owner_that_is_not_there_is_refused_as_the_delete_it_is(
         assert kube.deployment("default", "checkout")["metadata"]["labels"]["team"] == "pay"
     finally:
         sidecar.stop()
+
+
+HPA = {
+    "apiVersion": "autoscaling/v2",
+    "kind": "HorizontalPodAutoscaler",
+    "metadata": {"name": "checkout", "namespace": "default"},
+    "spec": {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "checkout"},
+        "minReplicas": 50,
+        "maxReplicas": 60,
+    },
+}
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web-0", "namespace": "default"},
+    "spec": {"containers": [{"name": "app", "image": "evil.example/miner:1"}]},
+}
+MERGE, SMP, JSONP = (
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/json-patch+json",
+)
+APPLY = "application/apply-patch+yaml"
+HPAS = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"
+WEB = "/api/v1/namespaces/default/pods/web-0"
+SCALE_TO_50 = {"spec": {"replicas": 50}}
+ROADS: list[tuple[str, str, str, object]] = [
+    # An autoscaler's controller sets the deployment's replicas to at least minReplicas.
+    ("POST", HPAS, "application/json", HPA),
+    ("POST", HPAS.replace("/v2/", "/v1/"), "application/json", HPA),
+    ("PATCH", f"{HPAS}/checkout", MERGE, {"spec": {"minReplicas": 50}}),
+    (
+        "PATCH",
+        f"{HPAS}/checkout",
+        JSONP,
+        [{"op": "replace", "path": "/spec/minReplicas", "value": 50}],
+    ),
+    ("PATCH", f"{HPAS}/checkout?fieldManager=agent", APPLY, HPA),
+    ("PUT", f"{HPAS}/checkout", "application/json", HPA),
+    # A running pod's new image: the kubelet restarts the container on it (kubectl set image).
+    ("PATCH", WEB, SMP, {"spec": {"containers": [{"name": "app", "image": "evil:1"}]}}),
+    ("PATCH", WEB, MERGE, {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}),
+    ("PATCH", WEB, JSONP, [{"op": "replace", "path": "/spec/containers/0/image", "value": "e"}]),
+    ("PATCH", WEB, JSONP, [{"op": "move", "from": "/metadata/x", "path": "/spec/x"}]),
+    ("PATCH", WEB, JSONP, [{"op": "copy", "from": "/metadata/name", "path": "/Spec"}]),
+    ("PATCH", WEB, JSONP, [{"op": "replace", "path": "", "value": POD}]),
+    ("PATCH", WEB, SMP, {"$patch": "replace", **POD}),
+    ("PATCH", WEB, MERGE, {"Spec": POD["spec"]}),  # an apiserver reading keys without case
+    ("PATCH", f"{WEB}?fieldManager=agent", APPLY, POD),
+    ("PUT", WEB, "application/json", POD),
+    # Workloads under the names of clusters before 1.16.
+    (
+        "PATCH",
+        "/apis/extensions/v1beta1/namespaces/default/deployments/checkout/scale",
+        MERGE,
+        SCALE_TO_50,
+    ),
+    ("PATCH", "/apis/apps/v1beta2/namespaces/default/deployments/checkout", MERGE, SCALE_TO_50),
+    ("PUT", "/apis/apps/v1beta1/namespaces/default/statefulsets/db/scale", "application/json", {}),
+    ("DELETE", "/apis/apps/v1beta1/namespaces/default/deployments/checkout", "", None),
+    ("DELETE", "/apis/extensions/v1beta1/namespaces/default/replicasets?labelSelector=a", "", None),
+    (
+        "POST",
+        "/apis/extensions/v1beta1/namespaces/default/deployments/checkout/rollback",
+        "application/json",
+        {"name": "checkout", "rollbackTo": {"revision": 1}},
+    ),
+    # Namespaces: many deleted at once (served before 1.11), or one by its garbage collector.
+    ("DELETE", "/api/v1/namespaces?labelSelector=env%3Dprod", "", None),
+    ("PATCH", "/api/v1/namespaces/prod", MERGE, {"metadata": {"ownerReferences": [GHOST]}}),
+    ("PATCH", "/api/v1/namespaces/prod", SMP, {"metadata": {"OwnerReferences": [GHOST]}}),
+    ("PATCH", "/api/v1/namespaces/prod", JSONP, [{"op": "add", "path": "/metadata", "value": {}}]),
+]
+
+
+@pytest.fixture
+def allowing(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
+    """A sidecar whose cluster upstream forwards unmapped writes (recorded, undecided)."""
+    fakes[1].add_namespace("prod")
+    fakes[1].add_pod("default", "web-0")
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True)
+    try:
+        yield sidecar
+    finally:
+        sidecar.stop()
+
+
+@pytest.mark.parametrize(("method", "path", "content_type", "body"), ROADS)
+def test_a_scale_a_delete_or_new_code_by_another_road_is_refused_under_unmapped_writes_allow(
+    allowing: Sidecar,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    method: str,
+    path: str,
+    content_type: str,
+    body: object,
+) -> None:
+    kube = fakes[1]
+    headers = [("Content-Type", content_type)] if content_type else []
+    data = b"" if body is None else json.dumps(body).encode()
+    status, got, text = send(allowing.kube_base, method, path, headers, data)
+    assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
+    assert status == 422 and json.loads(text)["kind"] == "Status", text
+    assert kube.count(method) == 0
+    assert kube.replicas("default", "checkout") == 3 and "prod" in kube.namespaces
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content_type", "body"),
+    [
+        # What kubectl label and annotate send: metadata only, an unmapped write as before.
+        ("PATCH", WEB, MERGE, {"metadata": {"labels": {"team": "pay"}}}),
+        ("PATCH", WEB, JSONP, [{"op": "add", "path": "/metadata/annotations/a", "value": "b"}]),
+        ("PATCH", f"{HPAS}/checkout", MERGE, {"metadata": {"labels": {"team": "pay"}}}),
+        ("DELETE", f"{HPAS}/checkout", "", None),  # the replicas stay where they are
+        ("PATCH", f"{HPAS}/checkout/status", MERGE, {"status": {"desiredReplicas": 50}}),
+        ("PATCH", "/api/v1/namespaces/prod", MERGE, {"metadata": {"labels": {"env": "prod"}}}),
+        # A create through an old group names no object ctrlrun decides (nor does apps/v1's).
+        ("POST", "/apis/apps/v1beta2/namespaces/default/deployments", "application/json", {}),
+    ],
+)
+def test_other_unmapped_writes_still_go_recorded(
+    allowing: Sidecar,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    method: str,
+    path: str,
+    content_type: str,
+    body: object,
+) -> None:
+    kube = fakes[1]
+    headers = [("Content-Type", content_type)] if content_type else []
+    data = b"" if body is None else json.dumps(body).encode()
+    status, got, text = send(allowing.kube_base, method, path, headers, data)
+    assert "x-ctrlrun-outcome" not in got, (status, text)
+    assert kube.count(method) == 1
+
+
+def test_kubectl_set_image_on_a_pod_is_refused_and_kubectl_label_goes(
+    allowing: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    kube = fakes[1]
+    home = kubectl_home(allowing, tmp_path)
+    done, _ = kubectl(home, "set", "image", "pod/web-0", "app=evil.example/miner:1")
+    assert done.returncode != 0 and "ctrlrun" in done.stderr, done.stderr
+    assert "image" in done.stderr and kube.count("PATCH") == 0
+    done, _ = kubectl(home, "label", "pod/web-0", "team=pay")
+    assert "ctrlrun" not in done.stderr, done.stderr  # forwarded: the fake serves no pod PATCH
+    assert kube.count("PATCH") == 1
+
+
+def test_the_python_client_creating_an_autoscaler_is_refused(
+    allowing: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    from kubernetes import client
+
+    config = client.Configuration(host=allowing.kube_base)
+    config.api_key = {"authorization": f"Bearer {KUBE_TOKEN}"}
+    with client.ApiClient(config) as api, pytest.raises(client.ApiException) as raised:
+        client.AutoscalingV2Api(api).create_namespaced_horizontal_pod_autoscaler("default", HPA)
+    assert raised.value.status == 422 and "k8s.scale" in str(raised.value.body)
+    assert fakes[1].count("POST") == 0

@@ -1,0 +1,146 @@
+"""Kubernetes writes that reach what ctrlrun decides by another road, refused whatever
+``unmapped_writes`` says: forwarded as unmapped writes, they would go undecided::
+
+    deletecollection                many deletes at once (workloads, namespaces), none named
+    nodes/{node}/proxy              the kubelet runs commands: an exec with no Upgrade
+    pods/{pod}/ephemeralcontainers  what kubectl debug adds: a command started in the pod
+    pods/{pod}, beyond metadata     a running pod's new image: new code, started by the kubelet
+    horizontalpodautoscalers        a controller scales the target, to counts no request names
+    namespaces/{name} owners        the garbage collector deletes it once its owner is gone
+    extensions/v1beta1, apps/v1beta1, apps/v1beta2
+                                    the workloads ctrlrun decides, by the names of old clusters
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .kube_writes import WORKLOADS, read_document
+from .route_values import BadInput, Request, check_body
+
+# The groups that served Deployments, StatefulSets and ReplicaSets before apps/v1 (removed in
+# Kubernetes 1.16): a cluster that still serves them applies a scale or a delete there.
+OLD_GROUPS = (("extensions", "v1beta1"), ("apps", "v1beta1"), ("apps", "v1beta2"))
+_EXEC = "ctrlrun decides those only as pods/{pod}/exec: use it"
+
+
+def refuse_other_roads(request: Request, segments: list[str]) -> None:
+    """Raise ``BadInput`` for a write that is an action ctrlrun decides by another road."""
+    method = request.method
+    match segments:
+        case ["apis", "apps", "v1", "namespaces", namespace, kind] if (
+            kind in WORKLOADS and method == "DELETE"
+        ):
+            raise BadInput(
+                f"a collection DELETE of {kind} in namespace {namespace!r} is refused: "
+                "ctrlrun decides deletes one object at a time; delete each by name"
+            )
+        case ["api", "v1", "namespaces"] if method == "DELETE":
+            # Served before Kubernetes 1.11 (the store's own delete, not the namespace's).
+            raise BadInput(
+                "a collection DELETE of namespaces is refused: ctrlrun decides deletes one "
+                "object at a time; delete each by name"
+            )
+        case ["api", "v1", "nodes", node, "proxy", *_] | ["api", "v1", "proxy", "nodes", node, *_]:
+            # The apiserver relays these to the kubelet with its own client certificate, which
+            # the kubelet obeys: POST /run/{namespace}/{pod}/{container}?cmd=... runs a command
+            # with no Upgrade (an exec by another road), and its other writes (exec, attach,
+            # portForward, checkpoint, debug/flags) are as strong. /api/v1/proxy/ is the form
+            # before Kubernetes 1.10.
+            raise BadInput(
+                f"a {method} through node {node!r}'s proxy reaches its kubelet, which runs "
+                f"commands in pods; {_EXEC}"
+            )
+        case ["api", "v1", "namespaces", _, "pods", pod, "ephemeralcontainers"]:
+            # What kubectl debug writes: the kubelet starts each container added here at once,
+            # running its command beside the pod's own (inside their processes with a target).
+            raise BadInput(
+                f"a {method} of pod {pod!r}'s ephemeral containers runs a command in the pod; "
+                f"{_EXEC}"
+            )
+        case ["api", "v1", "namespaces", _, "pods", pod] if method in ("PATCH", "PUT"):
+            # A pod's images may change while it runs: the kubelet restarts the container
+            # with the new one, code of the writer's choosing running in the pod at once.
+            if not _metadata_only(request):
+                raise BadInput(
+                    f"this {method} of pod {pod!r} writes more than its metadata (a container's "
+                    "image runs new code in the pod); send a PATCH of its labels or "
+                    f"annotations only, and {_EXEC}"
+                )
+        case _:
+            _refuse_controlled(request, segments)
+
+
+def _refuse_controlled(request: Request, segments: list[str]) -> None:
+    """Writes a controller, or an older API group, turns into a scale or a delete."""
+    method = request.method
+    match segments:
+        case ["apis", "autoscaling", _, "namespaces", _, "horizontalpodautoscalers", *rest] if (
+            rest == [] and method == "POST"
+        ) or (len(rest) == 1 and method in ("PATCH", "PUT") and not _metadata_only(request)):
+            # The controller sets the target's replicas between minReplicas and maxReplicas,
+            # now and whenever its metrics move: scales no request names, that a policy on
+            # k8s.scale never sees. Deleting one leaves the replicas where they are.
+            raise BadInput(
+                "a write of a HorizontalPodAutoscaler's spec has its controller scale the "
+                "target to counts ctrlrun never decides; ctrlrun decides replicas only as "
+                "k8s.scale (kubectl scale)"
+            )
+        case ["api", "v1", "namespaces", name] if method in ("PATCH", "PUT") and _owned(request):
+            raise BadInput(
+                f"this {method} gives namespace {name!r} an owner (metadata.ownerReferences): "
+                "the garbage collector deletes it once that owner is gone; ctrlrun decides "
+                "deletes only by name"
+            )
+        case ["apis", group, version, "namespaces", _, kind, *rest] if (
+            (group, version) in OLD_GROUPS and kind in WORKLOADS and (rest or method != "POST")
+        ):
+            raise BadInput(
+                f"a {method} of {kind} through {group}/{version} is refused: ctrlrun decides "
+                f"workload writes through apps/v1 only; send it to /apis/apps/v1/..."
+            )
+        case _:
+            return
+
+
+def _metadata_only(request: Request) -> bool:
+    """Whether the write changes nothing but the object's metadata (a label, an annotation).
+
+    Read on its surface, strictly: any other key, a directive ($patch, $retainKeys) or a JSON
+    patch operation writing outside /metadata is more than metadata.
+    """
+    check_body(request)
+    media, document = read_document(request)
+    if media == "json":
+        return all(_writes_within(op, "metadata") for op in document)
+    return set(document) <= {"apiVersion", "kind", "metadata"}
+
+
+def _owned(request: Request) -> bool:
+    """Whether the write may set the object's ``metadata.ownerReferences``."""
+    check_body(request)
+    media, document = read_document(request)
+    if media == "json":
+        return not all(
+            _writes_within(op, "metadata", "labels")
+            or _writes_within(op, "metadata", "annotations")
+            for op in document
+        )
+    meta = document.get("metadata")
+    if meta is None:
+        return False
+    # Any case: older apiservers read JSON field names without it.
+    return not isinstance(meta, dict) or any("ownerreferences" in k.casefold() for k in meta)
+
+
+def _writes_within(op: Any, *prefix: str) -> bool:
+    """Whether a JSON patch operation writes only under ``/prefix/...`` (a test reads)."""
+    if not isinstance(op, dict):
+        return False
+    if op.get("op") == "test":
+        return True
+    paths = [op.get("path"), op.get("from")] if op.get("op") == "move" else [op.get("path")]
+    return all(
+        isinstance(path, str) and path.split("/")[1 : len(prefix) + 1] == list(prefix)
+        for path in paths
+    )
