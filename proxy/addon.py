@@ -267,10 +267,8 @@ class CtrlrunAddon:
 
 
 def _host_of(authority: str | None) -> str | None:
-    if not authority:
-        return None
     try:
-        return parse_authority(authority, check=False)[0]
+        return parse_authority(authority, check=False)[0] if authority else None
     except ValueError:
         return authority
 
@@ -292,8 +290,8 @@ def _refuse(flow: http.HTTPFlow, passage: Passage, profile: str) -> None:
 def _is_read(req: http.Request) -> bool:
     """``hidden_write(...) is None`` on mitmproxy's raw request: its case-insensitive lookups
     and query parsing would cost reads (the hot path) more than the rest of the proxy."""
-    if req.data.method not in READ_METHOD_BYTES or req.raw_content:
-        return False  # a read with a body is refused by the guard (``unreadable``)
+    if req.data.method not in READ_METHOD_BYTES or req.raw_content or req.trailers:
+        return False  # a read with a body (or trailers) is refused by the guard
     for name, value in req.headers.fields:  # a Content-Length: the guard's (``unframed``)
         if name.lower() in NO_READ_HEADERS or b"\n" in value or b"\r" in value:
             return False
@@ -330,6 +328,7 @@ def facts(flow: http.HTTPFlow) -> Request:
         # mitmproxy's query ends at a '#', the target forwarded does not (``unreadable``).
         fragment="#" in req.path,
         raw_query=req.path.partition("?")[2],
+        trailers=bool(req.trailers),
     )
 
 

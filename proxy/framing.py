@@ -8,6 +8,11 @@ not the length of the body the stream carried tells the server to read that many
 the start of the next request on the connection, whose remainder it then runs as a request of
 its own. HTTP/1.1 requests never hold either (mitmproxy's reader splits the target at
 whitespace and frames the body by that header); both are refused wherever they come from.
+
+Trailer fields after an HTTP/2 body have no HTTP/1.1 form without chunking: mitmproxy crashes
+the stream once the head (and body) went out, and ctrlrun's own forwarder would send the
+request without them, another request than the one decided. A request with trailers is
+refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ def unframed(request: Request) -> str | None:
         return (
             "the request target holds a space or control character, which ends an HTTP/1.1 "
             "request line early; percent-encode it"
+        )
+    if request.trailers:
+        return (
+            "the request ends with trailer fields, which ctrlrun does not relay; "
+            "send them as headers"
         )
     length = request.headers.get("content-length")
     if length is not None and length.strip() != str(len(request.body)):

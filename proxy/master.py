@@ -63,20 +63,30 @@ DEFAULTS: Mapping[str, object] = {
 
 class TrailersLine(logging.Filter):
     """mitmproxy does not read HTTP/1 trailers: a chunked request that ends with one crashes
-    its connection (``NotImplementedError``) and is dropped unread, nothing forwarded. That
-    is logged as one line, not as mitmproxy's crash and traceback."""
+    its connection (``NotImplementedError``) and is dropped unread, nothing forwarded; nor
+    does it write them to an HTTP/1 server (``AssertionError``). Each is logged as one line,
+    not as mitmproxy's crash and traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, NotImplementedError) and "trailers" in str(exc).lower():
-            record.msg, record.args, record.exc_info = TRAILERS, (), None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            line = TRAILERS
+        elif isinstance(exc, AssertionError) and "RequestTrailers" in str(exc):
+            line = RELAYED_TRAILERS  # an upstream's request with trailers is refused first
+        else:
+            return True
+        record.msg, record.args, record.exc_info = line, (), None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 
 TRAILERS = (
     "a request whose chunked body ends with trailers was dropped unread (mitmproxy reads "
     "no trailers): nothing was forwarded; send the request without trailers"
+)
+RELAYED_TRAILERS = (
+    "an HTTP/2 request with trailers to an HTTP/1 server that is no upstream was cut after "
+    "its body (mitmproxy relays no trailers over HTTP/1); send the request without trailers"
 )
 
 

@@ -64,6 +64,7 @@ class Request:
     folded: frozenset[str] = frozenset()  # lower-case names of headers with a line break
     fragment: bool = False  # the target as sent holds a '#'
     raw_query: str = ""  # the target after its first '?', as sent ('#' and all)
+    trailers: bool = False  # the body ended with trailer fields (HTTP/2)
 
 
 @dataclass(frozen=True)
