@@ -268,6 +268,8 @@ def _reserve(
         "action_id": a.action_id,
         "attempt": number,
         "lease_expires_at": lease_ends,
+        "lease_holder": f.holder,
+        "lease_steady_until": f.steady_now + f.lease.total_seconds() if f.holder else None,
         "action_name": a.name,
         "action_json": a.canonical.decode("utf-8"),
         "idempotency_key": f.idempotency_key,

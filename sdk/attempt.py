@@ -156,7 +156,11 @@ def record_outcome(
     action, key = attempt.action, attempt.effect_key
     observed = attempt.would_have is not None or observe
     if attempt.held and key is not None:
-        values: dict[str, Any] = {"updated_at": stamp(now), "lease_expires_at": None}
+        values: dict[str, Any] = {
+            "updated_at": stamp(now),
+            "lease_expires_at": None,
+            "lease_steady_until": None,
+        }
         values["error"] = error
         if outcome == "committed":
             values["committed_at"] = stamp(now)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import update
 
+from . import holder
 from .action import iso
 from .schema import effects as E
 
@@ -65,11 +66,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def as_seen_here(record: EffectRecord, now: datetime) -> EffectRecord:
-    """``record``, its lease live at ``now`` if its holder is a call running in this process."""
+    """``record``, its lease live at ``now`` if its holder is a call running in this process,
+    or a process on this host that is alive and whose lease has not run out on this host's
+    monotonic clock (``holder.py``), whatever the wall clock says."""
     ends = record.lease_expires_at
-    if ends is None or ends >= now or not running_here(record.action_id, record.attempt):
+    if ends is None or ends >= now:
         return record
-    return replace(record, lease_expires_at=now)
+    if running_here(record.action_id, record.attempt) or holder.alive_elsewhere(
+        record.holder, record.lease_steady_until
+    ):
+        return replace(record, lease_expires_at=now)
+    return record
 
 
 @dataclass
@@ -201,7 +208,11 @@ class Heartbeat:
                 E.c.action_id == held.action_id,
                 E.c.attempt == held.attempt,
             )
-            .values(lease_expires_at=until)
+            .values(
+                lease_expires_at=until,
+                lease_holder=holder.me(),
+                lease_steady_until=holder.steady_until(held.lease),
+            )
         )
         with self.store.transaction() as conn:
             return int(conn.execute(stmt).rowcount) == 1

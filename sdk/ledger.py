@@ -133,6 +133,8 @@ def _record(m: Mapping[str, Any]) -> EffectRecord:
         error=m["error"],
         resolved_by=m["resolved_by"],
         idempotency_key=m["idempotency_key"],
+        holder=m["lease_holder"],
+        lease_steady_until=m["lease_steady_until"],
     )
 
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
 
 from .events import TIMELINE_EVENTS
 
@@ -36,6 +47,9 @@ effects = Table(
     Column("checks", Integer),  # how many times the remote was asked about that attempt
     Column("check_answer", String(40)),  # the last answer recorded, e.g. "unknown:raised"
     Column("check_attempt", Integer),
+    # Revision 0019: who holds the lease and its end on that host's monotonic clock (holder.py).
+    Column("lease_holder", String),
+    Column("lease_steady_until", Float),
 )
 Index("effects_by_state", effects.c.state, effects.c.updated_at)
 # The ambiguous effects a sweep asks about, soonest due first. As with TIMELINE, queries must

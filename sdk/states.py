@@ -71,6 +71,8 @@ class EffectRecord:
     error: str | None = None
     resolved_by: str | None = None
     idempotency_key: str | None = None
+    holder: str | None = None  # the process that wrote the lease (holder.py)
+    lease_steady_until: float | None = None  # its end on the holder host's monotonic clock
 
     def lease_is_live(self, now: datetime) -> bool:
         return (

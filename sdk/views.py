@@ -12,6 +12,7 @@ from sqlalchemy import Connection, func, select
 from . import ledger
 from .approvals import votes
 from .checks import Schedule
+from .heartbeat import as_seen_here
 from .receipts import Receipt, receipt_for_action
 from .schema import TIMELINE, events, receipts
 from .states import EffectRecord, EffectState
@@ -98,7 +99,8 @@ def event_json(e: TimelineEvent) -> dict[str, Any]:
 
 def effect_line(rec: EffectRecord, now: Any, schedule: Schedule | None = None) -> str:
     state = rec.state.value
-    if rec.state in (EffectState.RESERVED, EffectState.EXECUTING) and not rec.lease_is_live(now):
+    running = rec.state in (EffectState.RESERVED, EffectState.EXECUTING)
+    if running and not as_seen_here(rec, now).lease_is_live(now):
         state += " (lease expired)"
     by = f"  resolved by {rec.resolved_by}" if rec.resolved_by else ""
     from .action import iso

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import budgets, ledger, pg_hot
+from . import budgets, holder, ledger, pg_hot, steady
 from .action import iso
 from .admission import attempt_of, plan_admission, wants_approval_row, wants_standing_approval
 from .attempt import Attempt, attempt_receipt
@@ -56,6 +56,8 @@ class Admitted:
 
 def admit(store: StateStore, facts: Facts) -> Admitted:
     """Plan ``facts`` and write the plan in one transaction; re-plan on a lost race."""
+    # A lease it takes names this process and ends on this host's monotonic clock too.
+    facts = replace(facts, holder=holder.me(), steady_now=steady.monotonic())
     for _ in range(MAX_TRIES):
         try:
             return store.write(lambda conn: admit_on(conn, facts, store.freezes))

@@ -195,6 +195,7 @@ COLUMNS = {
         *("action_json", "idempotency_key", "upstream", "result_json", "error", "resolved_by"),
         *("created_at", "updated_at", "attempt_started_at", "committed_at"),
         *("next_check_at", "checks", "check_answer", "check_attempt"),
+        *("lease_holder", "lease_steady_until"),
     ],
     "events": ["event_id", "ts", "type", "action_id", "effect_key", "approval_id", "data_json"],
     "receipts": [
@@ -388,6 +389,8 @@ def generate(size: int, *, seed: int = 20250101) -> Iterator[Batch]:
                     ts0,
                     committed_at,
                     *checks,
+                    None,  # lease_holder, lease_steady_until (revision 0019): ended, no lease
+                    None,
                 )
             )
         yield Batch(eff, evs, rcs, (seq, prev), n_amb)
