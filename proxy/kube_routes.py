@@ -59,6 +59,13 @@ def map_kubernetes(upstream: Upstream, request: Request, segments: list[str]) ->
         case _:
             return _unmapped(request)
     check_body(request)
+    dry = request.query.get("dryRun")
+    if dry is not None and not _all_dry(dry):
+        # ctrlrun asks its own question with "&dryRun=All" beside these: an apiserver that
+        # took "all" or a blank for a real write would apply the write while ctrlrun asks.
+        raise BadInput(
+            f"dryRun is {shown(','.join(dry), 40)}: the apiserver accepts only dryRun=All"
+        )
     # A dry run is passed through only on these paths: they are served by the apiserver's
     # own handlers, which honour dryRun. Elsewhere (pods/exec, services/proxy, aggregated
     # APIs) the parameter may be ignored, and passing it through would let a write by.

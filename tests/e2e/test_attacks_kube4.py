@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness import KUBE_TOKEN, Sidecar, start_sidecar
 from test_attacks_kube import send
-from test_attacks_kube2 import ALLOW_UNMAPPED
+from test_attacks_kube2 import ALLOW_UNMAPPED, DENY_SCALE
 from test_kubectl import KUBECONFIG, kubectl
 from test_kubectl_writes import STARTER_WITH_FAKES
 
@@ -213,3 +213,88 @@ def test_the_python_client_creating_an_autoscaler_is_refused(
         client.AutoscalingV2Api(api).create_namespaced_horizontal_pod_autoscaler("default", HPA)
     assert raised.value.status == 422 and "k8s.scale" in str(raised.value.body)
     assert fakes[1].count("POST") == 0
+
+
+DEPLOY = "/apis/apps/v1/namespaces/default/deployments/checkout"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        # ctrlrun asks with "&dryRun=All" beside the agent's own: an apiserver taking "all"
+        # or a blank for a write would apply it while ctrlrun asks. Refused before asking.
+        "?dryRun=all",
+        "?dryRun=All&dryRun=",
+        "?dryRun=All&dryRun",
+        "?dryRun=All+",
+        "?dryRun=All;x",  # Go drops the pair: a real write
+    ],
+)
+def test_a_dry_run_the_apiserver_does_not_accept_is_refused_before_asking(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], query: str
+) -> None:
+    kube = fakes[1]
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
+    try:
+        body = json.dumps(SCALE_TO_50).encode()
+        status, got, text = send(
+            sidecar.kube_base, "PATCH", f"{DEPLOY}/scale{query}", [("Content-Type", MERGE)], body
+        )
+        assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
+        assert status == 422 and b"dryRun=All" in text
+        assert kube.count("PATCH") == 0 and kube.replicas("default", "checkout") == 3
+    finally:
+        sidecar.stop()
+
+
+@pytest.mark.parametrize(
+    ("target", "content_type", "body", "outcome"),
+    [
+        # Decided on what the apiserver stores, whatever op or directive carries the count.
+        (
+            DEPLOY,
+            JSONP,
+            [{"op": "copy", "from": "/spec/progressDeadlineSeconds", "path": "/spec/replicas"}],
+            "denied",
+        ),
+        (
+            DEPLOY,
+            JSONP,
+            [{"op": "move", "from": "/spec/progressDeadlineSeconds", "path": "/spec/replicas"}],
+            "invalid_request",
+        ),
+        (f"{DEPLOY}/scale", SMP, {"spec": {"$patch": "delete"}}, "denied"),  # a scale to 0
+        (f"{DEPLOY}/scale?watch=true", MERGE, SCALE_TO_50, "denied"),  # a write, not a watch
+        (
+            f"{DEPLOY}?fieldManager=kubectl&force=true",
+            APPLY,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "checkout"},
+                "spec": {"replicas": 50},
+            },
+            "denied",
+        ),
+    ],
+)
+def test_a_denied_scale_spelt_as_another_patch_is_denied(
+    tmp_path: Path,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    target: str,
+    content_type: str,
+    body: object,
+    outcome: str,
+) -> None:
+    kube = fakes[1]
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
+    try:
+        headers = [("Content-Type", content_type)]
+        status, got, text = send(
+            sidecar.kube_base, "PATCH", target, headers, json.dumps(body).encode()
+        )
+        assert got.get("x-ctrlrun-outcome") == outcome, (status, text)
+        assert kube.replicas("default", "checkout") == 3
+        assert kube.count("PATCH") == 0  # ctrlrun's own questions persist nothing
+    finally:
+        sidecar.stop()

@@ -12,7 +12,7 @@ from ..messages import Request, Response
 from .errors import ApiError
 from .objects import DISCOVERY, SERVER_VERSION, Obj, success, table
 from .pods import Pods
-from .routes import Call, route
+from .routes import Call, check_dry_run, route
 from .state import KubeState
 from .watch import watch_events
 
@@ -99,6 +99,8 @@ class KubeApi:
         handler = self._handlers.get((request.method, call.kind))
         if handler is None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
+        if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+            check_dry_run(request)
         code, answer = handler(call)
         return code, answer if isinstance(answer, Response) else copy.deepcopy(answer)
 

@@ -196,7 +196,8 @@ def _plain(value: Any) -> Any:
 
 
 def json_patch(target: Mapping[str, Any], ops: list[Any]) -> dict[str, Any]:
-    """RFC 6902 ``add``, ``replace``, ``remove`` and ``test``; a failed op rejects all (422)."""
+    """RFC 6902 ``add``, ``replace``, ``remove``, ``copy``, ``move`` and ``test``; a failed op
+    rejects all (422)."""
     doc: dict[str, Any] = copy.deepcopy(dict(target))
     for op in ops:
         if not isinstance(op, dict) or not isinstance(op.get("path"), str):
@@ -215,6 +216,16 @@ def json_patch(target: Mapping[str, Any], ops: list[Any]) -> dict[str, Any]:
         elif kind == "remove":
             _get(parent, key, path)
             del parent[int(key) if isinstance(parent, list) else key]
+        elif kind in ("copy", "move"):
+            source = op.get("from")
+            if not isinstance(source, str):
+                raise ApiError(400, f"missing from for {kind} of {path}")
+            origin, name = _locate(doc, source)
+            value = copy.deepcopy(_get(origin, name, source))
+            if kind == "move":  # RFC 6902: a remove of "from", then an add at "path"
+                del origin[int(name) if isinstance(origin, list) else name]
+                parent, key = _locate(doc, path)
+            _set(parent, key, value, insert=True)
         else:
             raise ApiError(422, f"unsupported JSON patch operation {kind!r} (fake apiserver)")
     return doc

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from ..messages import Request
-from .errors import parse_json
+from .errors import ApiError, parse_json
 
 _NAME = "([^/]+)"
 PATHS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -98,6 +98,15 @@ def go_query(target: str) -> dict[str, list[str]]:
 def is_dry_run(query: Mapping[str, list[str]]) -> bool:
     values = query.get("dryRun", [])
     return bool(values) and all(value == "All" for value in values)
+
+
+def check_dry_run(request: Request) -> None:
+    """Refuse a write's ``dryRun`` values other than ``All`` (the apiserver's ValidateDryRun):
+    ``dryRun=all`` or a blank ``dryRun=`` beside ``All`` is a 422, never a write."""
+    values = go_query(request.target).get("dryRun", [])
+    for value in values:
+        if value != "All":
+            raise ApiError(422, f'dryRun: Unsupported value: "{value}": supported values: "All"')
 
 
 def dry_run_of(request: Request) -> bool:
