@@ -116,6 +116,7 @@ def build(
     from .tunnels import GuardedNextLayer
 
     classes = addon_classes()
+    skip_message_typechecks()
     server_log = logging.getLogger("mitmproxy.proxy.server")
     if not any(isinstance(f, TrailersLine) for f in server_log.filters):
         server_log.addFilter(TrailersLine())
@@ -135,6 +136,26 @@ def build(
     if trusted_ca is not None:
         opts.update(ssl_verify_upstream_trusted_ca=str(trusted_ca))
     return master
+
+
+def skip_message_typechecks() -> None:
+    """Skip the field type checks mitmproxy runs on every request and response it builds.
+
+    ``MessageData.__post_init__`` checks each field's type against its annotation, walking
+    ``typing`` on every message (about 5% of the sidecar's CPU per protected write); mitmproxy
+    defines it only ``if __debug__``, so under ``python -O`` it does not exist. The parsers fill
+    those fields with the types they declare; only an addon that built a message from wrong
+    types would be caught, and the sidecar's own messages are built by ``Response.make`` from
+    bytes and ints. Asserts elsewhere (mitmproxy's state machines, ctrlrun's own) stay.
+    """
+    from mitmproxy.http import MessageData
+
+    if "__post_init__" in vars(MessageData):
+        setattr(MessageData, "__post_init__", _no_typecheck)  # noqa: B010 (a class attribute mypy does not see)
+
+
+def _no_typecheck(self: object) -> None:
+    return None
 
 
 def check_options(opts: Any) -> None:

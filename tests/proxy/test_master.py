@@ -194,3 +194,16 @@ def test_a_connection_from_a_public_address_is_killed(
 
     build(tmp_path, then=connect)
     assert (client.error is not None) is killed
+
+
+def test_messages_are_built_without_mitmproxys_debug_typechecks(tmp_path: Path) -> None:
+    from mitmproxy import http
+
+    build(tmp_path)
+    # What ``python -O`` does: no walk of the annotations per message. A mitmproxy that
+    # dropped or renamed the hook leaves nothing to skip, and this says so.
+    assert http.MessageData.__post_init__ is lean._no_typecheck  # type: ignore[attr-defined]
+    request = http.Request.make("POST", "http://127.0.0.1:9/v1/refunds", b"amount=5")
+    assert (request.method, request.content) == ("POST", b"amount=5")
+    response = http.Response.make(402, b"{}", {"content-type": "application/json"})
+    assert response.status_code == 402
