@@ -13,7 +13,8 @@ stripe.payout                  committed: a ``payout.created`` event carries the
 =============================  ============================================================
 
 Everything else, and everything unproven (unreachable, 5xx, two refunds of the same amount,
-a list longer than the page bound), is ``unknown``. So is every answer judged on a time
+a list longer than the page bound, a list holding another payment's refund, an object whose
+``id`` is not the one asked about), is ``unknown``. So is every answer judged on a time
 (``created``) while Stripe's clock is not known to be within ``MAX_SKEW`` of the ledger's: each
 answer's ``Date`` measures it. And no answer is ``not_executed`` inside the attempt's settle
 window (``http.settled_at``): Stripe may still be working on a write whose sender gave up.
@@ -186,6 +187,10 @@ class StripeReconciler(Remote):
             return "unknown", "no payment_intent/charge (or a bad amount) among the arguments"
         field, payment = target
         listed = self._scan(reader, "/v1/refunds", [(field, payment)], since)
+        if not isinstance(listed, Miss) and any(r.get(field) != payment for r in listed[0]):
+            # A list that did not apply its filter (a proxy dropped the query, another API
+            # answered) says nothing about this payment's refunds, by amount or by absence.
+            listed = Miss.UNKNOWN
         refunds, complete = ([], False) if isinstance(listed, Miss) else listed
         recent = [r for r in refunds if _since_ok(r, since)]
         if complete and not recent:
@@ -285,6 +290,8 @@ def _cancel(reader: Reader, args: Mapping[str, Any], since: int, keys: Collectio
     reply = reader.get(f"/v1/payment_intents/{quote(pi, safe='')}")
     if isinstance(reply, Miss):
         return "unknown", f"the payment intent could not be read ({reply.value})"
+    if reply.get("id") != pi:  # an error in a 200, a list, another object: not this one
+        return "unknown", "the answer is not that payment intent"
     status = reply.get("status")
     if status == "canceled":
         return "committed", "the payment intent is canceled"
@@ -302,6 +309,8 @@ def _delete_customer(
     reply = reader.get(f"/v1/customers/{quote(customer, safe='')}")
     if isinstance(reply, Miss):
         return "unknown", f"the customer could not be read ({reply.value})"
+    if reply.get("id") != customer:  # ``{}``, an error in a 200, a list: no customer at all
+        return "unknown", "the answer is not that customer"
     if reply.get("deleted") is True:
         return "committed", "the customer is deleted"
     return "not_executed", "the customer exists"
