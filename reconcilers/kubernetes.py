@@ -9,9 +9,10 @@ k8s.delete_namespace,      404, or ``metadata.deletionTimestamp``  the object ex
 k8s.delete_deployment      is set                                  ``deletionTimestamp``
 =========================  ======================================  ==========================
 
-Everything else, and everything unproven (unreachable, 5xx, 401/403, malformed answers), is
-``unknown``. The bearer token is the producing request's own, else the upstream's
-``token_file``, read at each call so a rotated service-account token is picked up.
+Everything else, and everything unproven (unreachable, 5xx, 401/403, malformed answers, an
+object of another name or namespace, a 404 that is not the apiserver's ``NotFound`` Status
+naming the object), is ``unknown``. The bearer token is the producing request's own, else the
+upstream's ``token_file``, read at each call so a rotated service-account token is picked up.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import httpx
@@ -147,18 +148,37 @@ class KubernetesReconciler(Remote):
             return None
 
 
+Kind = tuple[str, str]  # (API group, resource), as an apiserver's ``Status`` details name them
+NAMESPACES: Kind = ("", "namespaces")
+DEPLOYMENTS: Kind = ("apps", "deployments")
+
+
+@dataclass(frozen=True)
+class _Object:
+    """The object asked about: where to GET it, and how the apiserver names it."""
+
+    path: str
+    kind: Kind
+    name: str
+    namespace: str | None = None
+
+
 def _scale(reader: Reader, args: Mapping[str, Any]) -> Verdict:
-    path = _deployment_path(args)
+    target = _deployment(args)
     replicas = args.get("replicas")
     if isinstance(replicas, str) and replicas.isascii() and replicas.isdigit():
         replicas = int(replicas)
-    if path is None or isinstance(replicas, bool) or not isinstance(replicas, int):
+    if target is None or isinstance(replicas, bool) or not isinstance(replicas, int):
         return "unknown", "no namespace/deployment/replicas among the arguments"
-    reply = reader.get(f"{path}/scale")
+    reply = reader.get(f"{target.path}/scale")
     if reply is Miss.NOT_FOUND:
-        return "not_executed", "there is no such deployment"
+        if _absent(reader, target):
+            return "not_executed", "there is no such deployment"
+        return "unknown", "a 404 that is not the apiserver's word about this deployment"
     if isinstance(reply, Miss):
         return "unknown", "the scale could not be read"
+    if not _is(reply, target):
+        return "unknown", "the answer is not this deployment's scale"
     found, current = dig(reply, "spec.replicas")
     if not found or isinstance(current, bool) or not isinstance(current, int):
         return "unknown", "the scale has no spec.replicas"
@@ -171,38 +191,66 @@ def _delete_namespace(reader: Reader, args: Mapping[str, Any]) -> Verdict:
     name = args.get("name") or args.get("namespace")
     if not _is_name(name):
         return "unknown", "no namespace name among the arguments"
-    return _deleted(reader, f"/api/v1/namespaces/{_segment(name)}")
+    return _deleted(reader, _Object(f"/api/v1/namespaces/{_segment(name)}", NAMESPACES, name))
 
 
 def _delete_deployment(reader: Reader, args: Mapping[str, Any]) -> Verdict:
-    path = _deployment_path(args)
-    if path is None:
+    target = _deployment(args)
+    if target is None:
         return "unknown", "no namespace/deployment among the arguments"
-    return _deleted(reader, path)
+    return _deleted(reader, target)
 
 
-def _deleted(reader: Reader, path: str) -> Verdict:
-    reply = reader.get(path)
+def _deleted(reader: Reader, target: _Object) -> Verdict:
+    reply = reader.get(target.path)
     if reply is Miss.NOT_FOUND:
-        return "committed", "the object is gone"
+        if _absent(reader, target):
+            return "committed", "the object is gone"
+        return "unknown", "a 404 that is not the apiserver's word about this object"
     if isinstance(reply, Miss):
         return "unknown", "the object could not be read"
-    metadata = reply.get("metadata")
-    if not isinstance(metadata, dict):
-        return "unknown", "the object has no metadata"
+    if not _is(reply, target):
+        return "unknown", "the answer is not this object"
+    metadata = reply["metadata"]
     if metadata.get("deletionTimestamp"):
         return "committed", "the object is being deleted"
     return "not_executed", "the object exists with no deletionTimestamp"
 
 
-def _deployment_path(args: Mapping[str, Any]) -> str | None:
+def _absent(reader: Reader, target: _Object) -> bool:
+    """The 404 is the apiserver's ``NotFound`` naming this object (an ingress's HTML page, a
+    proxy's 404 or a path the apiserver does not serve prove nothing about it)."""
+    status = reader.missing or {}
+    details = status.get("details")
+    return (
+        status.get("kind") == "Status"
+        and status.get("reason") == "NotFound"
+        and isinstance(details, dict)
+        and details.get("name") == target.name
+        and details.get("kind") == target.kind[1]
+        and details.get("group", "") == target.kind[0]
+    )
+
+
+def _is(reply: Mapping[str, Any], target: _Object) -> bool:
+    """The answer is the object asked about (its name and namespace), not another one."""
+    metadata = reply.get("metadata")
+    return (
+        isinstance(metadata, dict)
+        and metadata.get("name") == target.name
+        and (target.namespace is None or metadata.get("namespace") == target.namespace)
+    )
+
+
+def _deployment(args: Mapping[str, Any]) -> _Object | None:
     namespace, deployment = args.get("namespace", "default"), args.get("deployment")
     if not _is_name(namespace) or not _is_name(deployment):
         return None
-    return f"/apis/apps/v1/namespaces/{_segment(namespace)}/deployments/{_segment(deployment)}"
+    path = f"/apis/apps/v1/namespaces/{_segment(namespace)}/deployments/{_segment(deployment)}"
+    return _Object(path, DEPLOYMENTS, deployment, namespace)
 
 
-def _is_name(value: Any) -> bool:
+def _is_name(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and value not in ("", ".", "..")
 
 
