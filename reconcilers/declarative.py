@@ -130,6 +130,10 @@ class DeclarativeReconciler(Remote):
             return "unknown", "no reconcile route for this action and these arguments"
         template, spec = fitting[0]
         path = template.resolve({n: _segment(args[n]) for n in template.names})
+        if any(part in (".", "..") for part in path.partition("?")[0].split("/")):
+            # A value "." or ".." is a dot segment, which the client and the server remove:
+            # "/v1/invoices/.." asks "/v1", another object whose fields prove nothing.
+            return "unknown", f"GET {template.text}: a value makes a dot segment of the path"
         with Reader(
             self.base_url,
             headers=bearer(facts.credentials, None),
