@@ -10,6 +10,7 @@ body that is not a JSON object. Reconcilers never write, so this module has no o
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import ssl
 import time
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0  # seconds, per request
 DEFAULT_DEADLINE = 30.0  # seconds, for all the requests of one reconciliation
+MAX_BODY = 16 * 1024 * 1024  # bytes of one answer (a page of 100 Stripe objects is far less)
 # How long a remote may go on applying a write after its sender gave up on it (Stripe, and an
 # apiserver's own request timeout, are about a minute): the margin of every settle window.
 SETTLE_MARGIN = 60.0
@@ -67,6 +69,7 @@ class Reader:
         # clock against it: ``skew`` is the worst difference seen, None while unknown.
         self._wall = wall
         self.skew: float | None = None
+        self.missing: dict[str, Any] | None = None  # the JSON body of the last 404, if any
         self._dated = True
         self._headers = {"Accept": "application/json", **(headers or {})}
         self._timeout = timeout
@@ -103,28 +106,47 @@ class Reader:
             return Miss.UNKNOWN
         sent = self._wall() if self._wall is not None else None
         try:
-            response = self._client.get(
+            with self._client.stream(
+                "GET",
                 self._base + path,
                 params=list(params),
                 headers=self._headers,
                 timeout=min(self._timeout, left),
-            )
+            ) as response:
+                if sent is not None and self._wall is not None:
+                    self._measure(sent, self._wall(), response.headers.get("date"))
+                status = response.status_code
+                body = self._body(response, path) if status == 404 or 200 <= status < 300 else b""
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError) as exc:
             log.info("reconciler GET %s: %s", path, type(exc).__name__)
             return Miss.UNKNOWN
-        if sent is not None and self._wall is not None:
-            self._measure(sent, self._wall(), response.headers.get("date"))
-        if response.status_code == 404:
+        if body is None:
+            return Miss.UNKNOWN
+        if status == 404:
+            # Whose 404 it is (the remote's own word about the object, or an ingress's page)
+            # is in the body: kept for the reconciler to judge.
+            self.missing = _json_object(body)
             return Miss.NOT_FOUND
-        if not 200 <= response.status_code < 300:
-            log.info("reconciler GET %s: HTTP %d", path, response.status_code)
+        if not 200 <= status < 300:
+            log.info("reconciler GET %s: HTTP %d", path, status)
             return Miss.UNKNOWN
-        try:
-            body = response.json()
-        except ValueError:  # not JSON, or not UTF-8
-            log.info("reconciler GET %s: the answer is not JSON", path)
-            return Miss.UNKNOWN
-        return body if isinstance(body, dict) else Miss.UNKNOWN
+        document = _json_object(body)
+        if document is None:
+            log.info("reconciler GET %s: the answer is no JSON object", path)
+        return Miss.UNKNOWN if document is None else document
+
+    def _body(self, response: httpx.Response, path: str) -> bytes | None:
+        """The whole body, or None once it passes ``MAX_BODY`` or the deadline: httpx's
+        timeout bounds each read, so a remote trickling bytes would hold us past it."""
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > MAX_BODY or self._clock() > self._ends:
+                log.info("reconciler GET %s: the body ran past its bound", path)
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _measure(self, sent: datetime, received: datetime, date: str | None) -> None:
         """Widen ``skew`` by one answer: its ``Date`` (whole seconds) was stamped between
@@ -137,6 +159,14 @@ class Reader:
         late = (received - remote).total_seconds()
         worst = max(abs(early), abs(late))
         self.skew = worst if self.skew is None else max(self.skew, worst)
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(content)
+    except ValueError:  # not JSON, or not UTF-8 (-16, -32)
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _http_date(value: str | None) -> datetime | None:
