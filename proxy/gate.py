@@ -9,6 +9,9 @@
       no upstream, egress allows it      passed through, dialled at the address just checked
       no upstream, egress denies it      refused (egress_denied), naming the host
       does not resolve                   refused (unresolvable)
+      the sidecar's own proxy or admin   refused (own_listener): its port on any address of
+      listener                           this host, however spelt; a hop back into the
+                                         proxy, or to what only the host should reach
 
 Every refusal writes a receipt first (``receipted``). In observe mode the receipt says
 ``observed`` and the request goes on.
@@ -26,7 +29,7 @@ from ctrlrun.control import Control
 from . import receipted
 from .config import Upstream
 from .egress import Egress
-from .hosts import normalize
+from .hosts import LOOPBACK, normalize
 from .recognize import Destination, Recognizer
 from .refusals import Refusal
 
@@ -65,6 +68,7 @@ class Gate:
         egress: Callable[[], Egress],
     ) -> None:
         self.recognizer, self.control, self.egress = recognizer, control, egress
+        self.own_ports: set[int] = set()  # the proxy's and admin's, once they are bound
 
     async def passage(self, asked: Asked) -> Passage:
         dest = await self.recognizer.destination(asked.host, asked.port)
@@ -81,11 +85,24 @@ class Gate:
                 return await self._refuse(asked, dest, "destination_mismatch", line)
         if dest.upstream is not None:
             return Passage(upstream=dest.upstream)
+        if asked.port in self.own_ports and await self._local(asked.host):
+            line = (
+                f"{asked.method} to {normalize(asked.host)}:{asked.port} refused: that is "
+                "this sidecar's own listener"
+            )
+            return await self._refuse(asked, dest, "own_listener", line)
         egress, host = self.egress(), asked.egress_host or asked.host
         if not egress.allows(host):
             line = egress.refusal_line(host, asked.port)
             return await self._refuse(asked, dest, "egress_denied", line)
         return Passage(dial=dest.dial)
+
+    async def _local(self, host: str) -> bool:
+        """Whether ``host`` reaches this host's own listeners (a loopback or own address)."""
+        try:
+            return LOOPBACK in await self.recognizer.addresses(normalize(host))
+        except OSError:
+            return False  # resolves nowhere: reaches no listener of ours
 
     async def _refuse(self, asked: Asked, dest: Destination, reason: str, line: str) -> Passage:
         ctl = self.control()

@@ -212,10 +212,10 @@ async def run(
     admin = None
     if sidecar.settings.admin:
         admin = await Admin(lambda: sidecar.store, metrics).start(*sidecar.settings.admin)
-    gate = Gate(recognizer, lambda: sidecar.control, lambda: sidecar.egress)
+    gate = _gate(sidecar, recognizer)
     addon = CtrlrunAddon(guard, gate, sidecar.upstreams, sidecar.principals, reverse)
     stall = StallGuard(lambda: sidecar.limits, lambda: master.addons.get("proxyserver").connections)
-    master.addons.add(stall, addon, _Announce(sidecar, master, confdir, admin, announce))
+    master.addons.add(stall, addon, _Announce(sidecar, master, confdir, admin, announce, gate))
     if signals:
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
         loop.add_signal_handler(signal.SIGINT, stopping.set)
@@ -240,6 +240,14 @@ async def run(
     await forwarder.aclose()
     log.info("ctrlrun proxy stopped")
     return 0
+
+
+def _gate(sidecar: Sidecar, recognizer: Recognizer) -> Gate:
+    """The gate, knowing the ports of the sidecar's own listeners (port 0: once bound)."""
+    gate = Gate(recognizer, lambda: sidecar.control, lambda: sidecar.egress)
+    given = (sidecar.settings.listen, sidecar.settings.admin)
+    gate.own_ports.update(a[1] for a in given if a and a[1])
+    return gate
 
 
 def _master(sidecar: Sidecar, recognizer: Recognizer) -> tuple[Master, Path, dict[str, str]]:
@@ -326,9 +334,10 @@ class _Announce:
         confdir: Path,
         admin: asyncio.Server | None,
         announce: Callable[[str], None],
+        gate: Gate,
     ) -> None:
         self.sidecar, self.master, self.confdir, self.admin = sidecar, master, confdir, admin
-        self.announce = announce
+        self.announce, self.own_ports = announce, gate.own_ports  # filled once bound
 
     def running(self) -> None:
         server = self.master.addons.get("proxyserver")
@@ -337,9 +346,12 @@ class _Announce:
             addrs = ", ".join(f"{_bracket(a[0])}:{a[1]}" for a in instance.listen_addrs)
             spec = instance.mode.full_spec
             name = _listener_name(spec) or f"reverse {self.sidecar_name(spec)}"
+            if _listener_name(spec):  # a reverse listener guards what reaches it: not refused
+                self.own_ports.update(int(a[1]) for a in instance.listen_addrs)
             parts.append(f"{name} {addrs}")
         if self.admin is not None:
             host, port = self.admin.sockets[0].getsockname()[:2]
+            self.own_ports.add(int(port))
             parts.append(f"admin {_bracket(host)}:{port}")
         ca = self.confdir / "mitmproxy-ca-cert.pem"
         key = self.confdir / "mitmproxy-ca.pem"

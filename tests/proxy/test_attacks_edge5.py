@@ -13,15 +13,17 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from billing_support import recorder_sidecar
-from harness import Sidecar
-from rawproxy import ByteRecorder, client_tls
+from harness import Sidecar, start_sidecar
+from rawproxy import ByteRecorder, Recorder, client_tls, connect, exchange, plain
 
 from ctrlrun.proxy.master import RELAYED_TRAILERS, TrailersLine
+from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.tls import fake_ca
 
 pytestmark = pytest.mark.timeout(240)
@@ -142,3 +144,127 @@ def test_mitmproxys_crash_on_trailers_to_an_http1_server_is_one_line() -> None:
         RELAYED_TRAILERS,
         None,
     )
+
+
+# -- control bytes in a read's headers ---------------------------------------------------------
+# A read is relayed by mitmproxy as sent. Only a line break can end a header (or the request)
+# early at an HTTP/1.1 server; a bare CR is one to some (Python's email parser), so a read
+# holding either is the guard's, and refused. Other control bytes pass: no server reads them
+# as a line's end.
+
+SMUGGLED = f"POST {SEND} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
+
+
+def read_head(port: int, *headers: bytes) -> bytes:
+    lines = [b"GET http://127.0.0.1:%d/v1/x HTTP/1.1" % port, b"Host: 127.0.0.1:%d" % port]
+    return b"\r\n".join([*lines, *headers]) + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"a\r" + SMUGGLED.encode().replace(b"\r\n", b"\r"),
+        b"a\rX-HTTP-Method-Override: POST",
+    ],
+)
+def test_a_read_whose_header_holds_a_bare_cr_is_refused(
+    rig: tuple[Sidecar, ByteRecorder], value: bytes
+) -> None:
+    sc, upstream = rig
+    got = exchange(sc.proxy_url, read_head(upstream.port, b"X-A: " + value))
+    assert got.startswith(b"HTTP/1.1 400") and b"invalid_request" in got, got[:300]
+    assert bytes(upstream.received) == b""
+
+
+@pytest.mark.parametrize("byte", [0x00, 0x0B, 0x0C, 0x1C, 0x1F, 0x7F])
+def test_a_read_whose_header_holds_another_control_byte_is_relayed_as_one_request(
+    rig: tuple[Sidecar, ByteRecorder], byte: int
+) -> None:
+    sc, upstream = rig
+    value = b"a" + bytes([byte]) + SMUGGLED.encode().replace(b"\r\n", bytes([byte]))
+    exchange(sc.proxy_url, read_head(upstream.port, b"X-A: " + value))
+    received = bytes(upstream.received)
+    assert b"\r\nPOST" not in received and received.count(b"\r\n\r\n") <= 1, received
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [("x-a", f"a\r\n\r\n{SMUGGLED}")],
+        [("x-a", f"a\n\n{SMUGGLED}")],
+        [("x-a", "a\rX-HTTP-Method-Override: POST")],
+        [("x-a", "a\x00b")],
+    ],
+)
+def test_an_http2_read_whose_header_holds_a_line_break_is_refused(
+    tls_rig: tuple[Sidecar, ByteRecorder], fields: list[tuple[str, str]]
+) -> None:
+    sc, upstream = tls_rig
+    got = h2_request(sc, upstream.port, fields)
+    received = bytes(upstream.received)
+    assert b"POST" not in received and received.count(b"\r\n\r\n") <= 1, received
+    if "\r" in fields[0][1] or "\n" in fields[0][1]:
+        assert got is None or got >= 400, got
+        assert received == b""
+
+
+# -- the sidecar's own listeners through the proxy --------------------------------------------
+# Through the proxy an agent reaches what the sidecar's host reaches: its own proxy listener
+# (a hop back in) and its admin listener, which in compose only the sidecar's host can reach.
+# Both are refused under every name for this host; other loopback servers still pass.
+
+
+@pytest.fixture
+def admin_rig(tmp_path: Path) -> Iterator[Sidecar]:
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sc = start_sidecar(tmp_path, stripe, kube, admin=True, in_process=True)
+        try:
+            yield sc
+        finally:
+            sc.stop()
+
+
+OWN_SPELLINGS = [
+    "127.0.0.1",
+    "localhost",
+    "LOCALHOST.",
+    "127.1",
+    "2130706433",
+    "0x7f.0.0.1",
+    "0",
+    "0.0.0.0",
+    "127.0.0.2",
+    "[::ffff:127.0.0.1]",
+    "[::1]",
+]
+
+
+@pytest.mark.parametrize("which", ["proxy", "admin"])
+@pytest.mark.parametrize("host", OWN_SPELLINGS)
+def test_the_sidecars_own_listener_is_refused_through_it(
+    admin_rig: Sidecar, which: str, host: str
+) -> None:
+    sc = admin_rig
+    url = sc.proxy_url if which == "proxy" else sc.admin_url
+    port = int(url.rsplit(":", 1)[1])
+    proxy_port = int(sc.proxy_url.rsplit(":", 1)[1])
+    tunnel = connect(proxy_port, f"{host}:{port}", "GET", "/metrics", f"{host}:{port}")
+    assert tunnel.status == 403 and tunnel.outcome == "denied", tunnel
+    got = plain(proxy_port, "GET", f"http://{host}:{port}/metrics", f"{host}:{port}")
+    assert got.status == 403 and got.outcome == "denied", got
+    assert b"own listener" in got.body, got.body
+    # The admin listener itself still answers whoever reaches it directly.
+    with httpx.Client(trust_env=False, timeout=10) as direct:
+        assert direct.get(f"{sc.admin_url}/healthz").text == "ok\n"
+
+
+def test_another_loopback_server_still_passes(admin_rig: Sidecar) -> None:
+    sc = admin_rig
+    proxy_port = int(sc.proxy_url.rsplit(":", 1)[1])
+    with Recorder() as other:
+        got = plain(
+            proxy_port, "GET", f"http://127.0.0.1:{other.port}/x", f"127.0.0.1:{other.port}"
+        )
+        assert got.status == 200, got
+    receipts = [r for r in sc.cli("receipts", "--json").stdout.splitlines() if "own_listener" in r]
+    assert receipts == []
