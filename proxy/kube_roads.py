@@ -6,7 +6,8 @@
     pods/{pod}/ephemeralcontainers  what kubectl debug adds: a command started in the pod
     pods/{pod}, beyond metadata     a running pod's new image: new code, started by the kubelet
     horizontalpodautoscalers        a controller scales the target, to counts no request names
-    namespaces/{name} owners        the garbage collector deletes it once its owner is gone
+    an owner for a namespace, or for a workload through its /status
+                                    the garbage collector deletes it once its owner is gone
     extensions/v1beta1, apps/v1beta1, apps/v1beta2
                                     the workloads ctrlrun decides, by the names of old clusters
 """
@@ -86,11 +87,14 @@ def _refuse_controlled(request: Request, segments: list[str]) -> None:
                 "target to counts ctrlrun never decides; ctrlrun decides replicas only as "
                 "k8s.scale (kubectl scale)"
             )
-        case ["api", "v1", "namespaces", name] if method in ("PATCH", "PUT") and _owned(request):
+        case _ if method in ("PATCH", "PUT") and _ownable(segments) and _owned(request):
+            # The status (and finalize) subresources reset the spec, not the owners: a
+            # workload's /status writes them as its own path does, which ctrlrun decides.
+            name = segments[3] if segments[0] == "api" else segments[6]
             raise BadInput(
-                f"this {method} gives namespace {name!r} an owner (metadata.ownerReferences): "
-                "the garbage collector deletes it once that owner is gone; ctrlrun decides "
-                "deletes only by name"
+                f"this {method} gives {name!r} an owner (metadata.ownerReferences): the garbage "
+                "collector deletes it once that owner is gone; ctrlrun decides deletes only "
+                "by name"
             )
         case ["apis", group, version, "namespaces", _, kind, *rest] if (
             (group, version) in OLD_GROUPS and kind in WORKLOADS and (rest or method != "POST")
@@ -101,6 +105,18 @@ def _refuse_controlled(request: Request, segments: list[str]) -> None:
             )
         case _:
             return
+
+
+def _ownable(segments: list[str]) -> bool:
+    """A namespace (or its status, finalize) or a workload's status: paths where an owner may
+    be written and no route decides the write."""
+    match segments:
+        case ["api", "v1", "namespaces", _] | ["api", "v1", "namespaces", _, "status" | "finalize"]:
+            return True
+        case ["apis", "apps", "v1", "namespaces", _, kind, _, "status"]:
+            return kind in WORKLOADS
+        case _:
+            return False
 
 
 def _metadata_only(request: Request) -> bool:
@@ -121,16 +137,23 @@ def _owned(request: Request) -> bool:
     check_body(request)
     media, document = read_document(request)
     if media == "json":
-        return not all(
-            _writes_within(op, "metadata", "labels")
-            or _writes_within(op, "metadata", "annotations")
-            for op in document
-        )
+        return any(_may_write_owners(op) for op in document)
     meta = document.get("metadata")
     if meta is None:
         return False
     # Any case: older apiservers read JSON field names without it.
     return not isinstance(meta, dict) or any("ownerreferences" in k.casefold() for k in meta)
+
+
+def _may_write_owners(op: Any) -> bool:
+    """Whether a JSON patch operation may write ``/metadata/ownerReferences`` (or all of
+    ``/metadata``, or the whole object), in any case."""
+    if not isinstance(op, dict) or not isinstance(op.get("path"), str):
+        return True
+    if op.get("op") in ("test", "remove"):
+        return False  # reading, or dropping: no owner is added
+    tokens = [token.casefold() for token in op["path"].split("/")[1:3]]
+    return tokens == ["metadata", "ownerreferences"][: len(tokens)]
 
 
 def _writes_within(op: Any, *prefix: str) -> bool:

@@ -125,6 +125,25 @@ ROADS: list[tuple[str, str, str, object]] = [
     ("PATCH", "/api/v1/namespaces/prod", MERGE, {"metadata": {"ownerReferences": [GHOST]}}),
     ("PATCH", "/api/v1/namespaces/prod", SMP, {"metadata": {"OwnerReferences": [GHOST]}}),
     ("PATCH", "/api/v1/namespaces/prod", JSONP, [{"op": "add", "path": "/metadata", "value": {}}]),
+    (
+        "PATCH",
+        "/api/v1/namespaces/prod/status",
+        JSONP,
+        [{"op": "add", "path": "/metadata/ownerReferences", "value": [GHOST]}],
+    ),
+    # A workload's /status resets its spec and labels, not its owners (deploymentStatusStrategy).
+    (
+        "PATCH",
+        "/apis/apps/v1/namespaces/default/deployments/checkout/status",
+        MERGE,
+        {"metadata": {"ownerReferences": [GHOST]}},
+    ),
+    (
+        "PUT",
+        "/apis/apps/v1/namespaces/default/statefulsets/db/status",
+        "application/json",
+        {"metadata": {"name": "db", "ownerReferences": [GHOST]}},
+    ),
 ]
 
 
@@ -169,6 +188,18 @@ def test_a_scale_a_delete_or_new_code_by_another_road_is_refused_under_unmapped_
         ("DELETE", f"{HPAS}/checkout", "", None),  # the replicas stay where they are
         ("PATCH", f"{HPAS}/checkout/status", MERGE, {"status": {"desiredReplicas": 50}}),
         ("PATCH", "/api/v1/namespaces/prod", MERGE, {"metadata": {"labels": {"env": "prod"}}}),
+        (
+            "PATCH",
+            "/api/v1/namespaces/prod/status",
+            JSONP,
+            [{"op": "replace", "path": "/status/phase", "value": "Active"}],
+        ),
+        (
+            "PATCH",
+            "/apis/apps/v1/namespaces/default/deployments/checkout/status",
+            MERGE,
+            {"status": {"readyReplicas": 3}},
+        ),
         # A create through an old group names no object ctrlrun decides (nor does apps/v1's).
         ("POST", "/apis/apps/v1beta2/namespaces/default/deployments", "application/json", {}),
     ],
