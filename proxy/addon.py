@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from mitmproxy import connection, http, tcp
-from mitmproxy.net.http.url import parse_authority
 from mitmproxy.proxy.mode_specs import TransparentMode
 
 from ctrlrun.action import Principal
@@ -33,6 +32,7 @@ from .principal import Principals
 from .refusals import Refusal
 from .route_values import OVERRIDE_PARAMETER, READ_METHOD_BYTES, READ_METHODS
 from .routes import PassThrough, Request
+from .tunnels import host_of
 
 log = logging.getLogger(__name__)
 METADATA = "ctrlrun"  # flow.metadata key of the decision
@@ -133,11 +133,13 @@ class CtrlrunAddon:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(RELAY)
+        self.mcp.ended(flow.metadata, answered=True)
         if isinstance(pending, relay.Relayed) and not pending.settled and flow.response:
             await self._settle(flow, pending, flow.response.status_code, None, None)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(RELAY)
+        self.mcp.ended(flow.metadata, answered=False)
         if not isinstance(pending, relay.Relayed) or pending.settled:
             return
         server = flow.server_conn
@@ -220,6 +222,7 @@ class CtrlrunAddon:
         )
         if isinstance(got, PassThrough):
             _record(flow, upstream, {"outcome": "pass_through", "reason": got.reason, "mcp": True})
+            self.mcp.passing(flow.metadata, got)
             return
         flow.response = to_response(got.status, got.headers, got.body)
         _record(flow, upstream, {"outcome": "tool_calls", "calls": list(got.decisions)})
@@ -230,7 +233,7 @@ class CtrlrunAddon:
         if spec in self.reverse_specs:
             return self.by_name[self.reverse_specs[spec]]
         req = flow.request
-        names = [n for n in (_host_of(req.host_header), flow.client_conn.sni) if n]
+        names = [n for n in (host_of(req.host_header), flow.client_conn.sni) if n]
         host = req.host
         if names and isinstance(flow.client_conn.proxy_mode, TransparentMode):
             # The kernel redirected a connection to an address; the request names where it
@@ -264,13 +267,6 @@ class CtrlrunAddon:
     def _principal(self, flow: http.HTTPFlow) -> Principal | None:
         header = self.flow_auth.get(flow) or self.auth.get(flow.client_conn.id)
         return self.principals.resolve(header)
-
-
-def _host_of(authority: str | None) -> str | None:
-    try:
-        return parse_authority(authority, check=False)[0] if authority else None
-    except ValueError:
-        return authority
 
 
 def _refuse(flow: http.HTTPFlow, passage: Passage, profile: str) -> None:

@@ -9,10 +9,10 @@ the kernel (``mcp_call``); a batch is split, each of its messages forwarded as i
 (the tool calls that may go, and the other messages), and the answers gathered in order into
 one JSON array, ctrlrun's own in place of the calls it refused.
 
-While a tool call is in flight, a request of its session with the same JSON-RPC id is refused:
-a server that routes answers by id (the ``mcp`` SDK's Streamable HTTP transport) sends the
-call's answer to the newer request, or the newer one's to the call, and the call's record
-would be another request's answer.
+While a request of a session is in flight, passed through or a tool call, another with the
+same JSON-RPC id is refused (``mcp_flight``): a server that routes answers by id (the ``mcp``
+SDK's Streamable HTTP transport) sends one's answer to the other, and a call's record would be
+another request's answer.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .forward import Forwarded, forward_headers
 from .framing import unframed
 from .guard import Guard
 from .mcp_call import CallGuard, Settled
+from .mcp_flight import InFlight, Key, request_keys
 from .mcp_messages import (
     INTERNAL_ERROR,
     ProtocolError,
@@ -42,7 +43,6 @@ from .mcp_messages import (
     rpc_error,
     tool_call,
     tool_error,
-    valid_id,
 )
 from .mcp_sessions import HEADER, Sessions, header
 from .refusals import Refusal
@@ -56,6 +56,7 @@ from .route_values import (
 )
 
 log = logging.getLogger(__name__)
+HELD = "ctrlrun.mcp_held"  # flow.metadata key of the ids a POST passed through holds
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,13 @@ class McpHandled:
     decisions: tuple[Mapping[str, Any], ...]
 
 
+@dataclass(frozen=True)
+class McpPassThrough(PassThrough):
+    """A POST passed through whose requests' ids stay held until it is answered or ends."""
+
+    held: frozenset[Key] = frozenset()
+
+
 class McpGate:
     """Decides the tool calls in requests to MCP upstreams; see the module docstring."""
 
@@ -75,7 +83,7 @@ class McpGate:
         self.guard = guard
         self.calls = CallGuard(guard)
         self.sessions = sessions if sessions is not None else Sessions()
-        self.flying: set[tuple[str, str, str]] = set()  # (upstream, session, id) of calls
+        self.flight = InFlight()
 
     async def handle(
         self,
@@ -118,22 +126,24 @@ class McpGate:
             return _protocol(exc)
         batch = isinstance(messages, list)
         items = messages if isinstance(messages, list) else [messages]
-        keys = _request_keys(up, request, items)
-        flying = next((k for k in keys if k is not None and k in self.flying), None)
-        if flying is not None:
-            return _protocol(ProtocolError(-32600, f"a tool call with id {flying[2]} is in flight"))
+        keys = request_keys(up.name, request.headers, items)
+        busy = self.flight.busy(keys)
+        if busy is not None:
+            why = f"a request of this session with id {busy[2][:60]!r} is in flight"
+            return _protocol(ProtocolError(-32600, why))
         if not any(is_tool_call(m) for m in items):
-            return PassThrough("no tools/call")
-        calls = {k for k, m in zip(keys, items, strict=True) if k and is_tool_call(m)}
+            return McpPassThrough("no tools/call", self.flight.hold(keys))
+        held = self.flight.hold(keys)
+        lost: set[Key] = set()
         self.guard.active += 1
-        self.flying |= calls
         try:
             if not batch:
-                return await self._single(up, request, items[0], target, headers, principal)
-            return await self._batch(up, request, items, target, headers, principal)
+                return await self._single(up, request, items[0], target, headers, principal, lost)
+            return await self._batch(up, request, items, target, headers, principal, lost)
         finally:
             self.guard.active -= 1
-            self.flying -= calls
+            self.flight.release(held - lost)
+            self.flight.lose(held & lost)
 
     async def _single(
         self,
@@ -143,12 +153,14 @@ class McpGate:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
+        lost: set[Key],
     ) -> McpHandled:
         try:
             call = tool_call(message)
         except ProtocolError as exc:
             return _protocol(exc, status=200 if exc.request_id is not None else 400)
         settled = await self.calls.call(up, request, call, request.body, target, headers, principal)
+        _unanswered(up, request, message, _whole(settled, call.request_id), lost)
         if settled.reply is not None:
             got = settled.reply
             self.saw(up, request, got)
@@ -165,6 +177,7 @@ class McpGate:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
+        lost: set[Key],
     ) -> McpHandled:
         """Each message of the batch on its own POST, in order; the answers as one array."""
         ids = [m.get("id") for m in items if "id" in m and "method" in m]
@@ -181,9 +194,11 @@ class McpGate:
             if call is None:
                 reply = await self._relay(up, target, headers, body)
                 self.saw(up, request, reply)
+                _unanswered(up, request, message, _answered(reply, message.get("id")), lost)
                 answers.extend(_answers_to(message, reply))
                 continue
             settled = await self.calls.call(up, request, call, body, target, headers, principal)
+            _unanswered(up, request, message, _whole(settled, call.request_id), lost)
             decisions.append(settled.decision)
             if settled.reply is not None:
                 self.saw(up, request, settled.reply)
@@ -203,22 +218,42 @@ class McpGate:
         """A batch's other message, forwarded alone as it would have been inside the batch."""
         return await self.guard.forwarder.send(up, "POST", target, forward_headers(headers), body)
 
+    def passing(self, metadata: dict[str, Any], got: PassThrough) -> None:
+        """A POST passed through: its requests' ids stay held until ``ended``."""
+        if isinstance(got, McpPassThrough) and got.held:
+            metadata[HELD] = got.held
+
+    def ended(self, metadata: dict[str, Any], *, answered: bool) -> None:
+        """A POST passed through was answered whole, or ended without its answer."""
+        held = metadata.pop(HELD, None)
+        if held:
+            (self.flight.release if answered else self.flight.lose)(held)
+
     def saw(self, up: Upstream, request: Request, reply: Forwarded) -> None:
         """A POST ctrlrun forwarded itself was answered: learn the session it may name."""
         given = header(reply.headers, HEADER)
         self.sessions.answered(up.name, "POST", request.path, reply.status, asked=None, given=given)
 
 
-def _request_keys(
-    up: Upstream, request: Request, items: Sequence[Mapping[str, Any]]
-) -> list[tuple[str, str, str] | None]:
-    """(upstream, session, id) of each request (1 and "1" alike, as some servers take them);
-    None for a notification or a response (the server's requests have ids of their own)."""
-    session = request.headers.get(HEADER, "")
-    return [
-        (up.name, session, str(m["id"])[:60]) if "method" in m and valid_id(m.get("id")) else None
-        for m in items
-    ]
+def _unanswered(
+    up: Upstream, request: Request, message: Mapping[str, Any], answered: bool, lost: set[Key]
+) -> None:
+    """Note the key of a request whose answer did not come back whole (``mcp_flight``)."""
+    key = request_keys(up.name, request.headers, [message])[0]
+    if key is not None and not answered:
+        lost.add(key)
+
+
+def _answered(reply: Forwarded, request_id: Any) -> bool:
+    messages = None if reply.cut_short else read_answer(reply.headers, reply.body)
+    return messages is not None and response_for(messages, request_id) is not None
+
+
+def _whole(settled: Settled, request_id: Any) -> bool:
+    """The call's answer came back, or ctrlrun sent nothing."""
+    if settled.refusal is not None:
+        return settled.refusal.outcome != "upstream_ambiguous"
+    return settled.reply is not None and _answered(settled.reply, request_id)
 
 
 def _answers_to(message: Mapping[str, Any], reply: Forwarded) -> list[Any]:

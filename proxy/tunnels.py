@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mitmproxy.addons.next_layer import NextLayer
+from mitmproxy.net.http.url import parse_authority
 from mitmproxy.proxy import layer, layers
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import HTTPMode
@@ -87,3 +88,13 @@ def _host(authority: str) -> str:
     if authority.startswith("["):
         return authority[1 : authority.find("]")] if "]" in authority else authority
     return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
+def host_of(authority: str | None) -> str | None:
+    """The host an authority (a Host header, a CONNECT target) names, or None."""
+    if not authority:
+        return None
+    try:
+        return parse_authority(authority, check=False)[0]
+    except ValueError:
+        return authority

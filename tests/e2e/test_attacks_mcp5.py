@@ -1,0 +1,245 @@
+"""MCP requests that share a JSON-RPC id or a session with a tool call, through the sidecar
+against a real FastMCP server (the official ``mcp`` SDK's Streamable HTTP transport).
+
+That transport routes every answer by its id, to the newest request that holds it: a request
+ctrlrun passes through (a completion, a prompt) still in flight when a tool call with its id
+arrives would answer the tool call, and the call's record would be the other's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import Sidecar, start_sidecar
+from mcp.shared.exceptions import McpError
+from mcp.types import INVALID_PARAMS, Completion, ErrorData
+from test_mcp_wire import Raw, call
+
+from ctrlrun.proxy.mcp_flight import id_key
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing.stripe_mcp import FakeStripeMcp
+
+pytestmark = pytest.mark.timeout(120)
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  orders.refund:
+    effect: "refund:{{{{order_id}}}}"
+    decision: allow
+upstreams:
+  orders:
+    profile: mcp
+    url: {url}
+    tools:
+      refund_order:
+        action: orders.refund
+        arguments: [order_id, amount]
+"""
+
+
+async def _until(event: threading.Event, seconds: float) -> bool:
+    for _ in range(int(seconds / 0.02)):  # bounded
+        if event.is_set():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+class Orders:
+    """A FastMCP server: a refund tool, and a completion that answers once a tool has begun."""
+
+    def __init__(self, stripe: FakeStripe, *, json_response: bool) -> None:
+        self.server = FakeStripeMcp(stripe, json_response=json_response)
+        self.refunds: list[tuple[int, int]] = []
+        self.tool_started, self.completed = threading.Event(), threading.Event()
+
+        @self.server.mcp.tool()
+        async def refund_order(order_id: int, amount: int) -> str:
+            """Refund an order, after the completion in flight has answered."""
+            self.tool_started.set()
+            await _until(self.completed, 10)
+            await asyncio.sleep(0.2)
+            self.refunds.append((order_id, amount))
+            return json.dumps({"refunded": order_id})
+
+        @self.server.mcp.completion()
+        async def complete(ref: Any, argument: Any, context: Any) -> Completion:
+            # A lookup that takes a while, then: the argument is unknown (-32602, as a
+            # server answers a request it did not run).
+            await _until(self.tool_started, 3)
+            self.completed.set()
+            raise McpError(ErrorData(code=INVALID_PARAMS, message="no such argument"))
+
+
+@pytest.fixture(params=[True, False], ids=["json", "sse"])
+def orders(
+    request: pytest.FixtureRequest, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> Iterator[Orders]:
+    made = Orders(fakes[0], json_response=request.param)
+    with made.server:
+        yield made
+
+
+@pytest.fixture
+def sc(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], orders: Orders
+) -> Iterator[Sidecar]:
+    text = POLICY.format(url=orders.server.url)
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
+    yield sidecar
+    sidecar.stop()
+
+
+@pytest.fixture
+def raw(sc: Sidecar, orders: Orders) -> Raw:
+    session = Raw(orders.server.url, sc.proxy_url)
+    session.open()
+    return session
+
+
+def _messages(got: Any) -> list[dict[str, Any]]:
+    kind = got.headers.get("content-type", "")
+    if kind.startswith("text/event-stream"):
+        blocks = got.text.replace("\r\n", "\n").split("\n\n")
+        datas = [
+            "\n".join(line[5:].lstrip() for line in b.split("\n") if line.startswith("data:"))
+            for b in blocks
+        ]
+        return [json.loads(d) for d in datas if d]
+    value = got.json()
+    return value if isinstance(value, list) else [value]
+
+
+COMPLETE = {
+    "jsonrpc": "2.0",
+    "id": 5,
+    "method": "completion/complete",
+    "params": {"ref": {"type": "ref/prompt", "name": "p"}, "argument": {"name": "a", "value": ""}},
+}
+
+
+def test_a_tool_call_reusing_the_id_of_a_passed_request_in_flight_is_refused(
+    raw: Raw, orders: Orders
+) -> None:
+    answers: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(raw.post(json.dumps(COMPLETE).encode()))
+    )
+    thread.start()
+    try:
+        for _ in range(100):  # bounded: the completion has reached the server
+            if any(b'"completion/complete"' in body for body in orders.server.received):
+                break
+            threading.Event().wait(0.02)
+        refund = call(5, "refund_order", order_id=7, amount=100)
+        got = raw.post(json.dumps(refund).encode())
+        assert got.status_code == 400, got.text
+        assert "in flight" in got.json()["error"]["message"], got.text
+        assert orders.refunds == []  # the call never reached the server
+    finally:
+        thread.join(30)
+    # The completion's answer is its own (-32602), whichever way it travelled.
+    assert [m.get("error", {}).get("code") for m in _messages(answers[0])] == [INVALID_PARAMS]
+    # Nothing was recorded failed: the same refund, asked again, runs once.
+    again = raw.post(json.dumps(call(6, "refund_order", order_id=7, amount=100)).encode())
+    assert again.status_code == 200, again.text
+    for _ in range(100):
+        if orders.refunds:
+            break
+        threading.Event().wait(0.02)
+    third = raw.post(json.dumps(call(8, "refund_order", order_id=7, amount=100)).encode())
+    assert "duplicate" in third.text, third.text
+    assert orders.refunds == [(7, 100)]
+
+
+def _until_sync(check: Any, seconds: float = 10) -> bool:
+    for _ in range(int(seconds / 0.02)):  # bounded
+        if check():
+            return True
+        threading.Event().wait(0.02)
+    return False
+
+
+def test_a_tool_call_reusing_the_id_of_a_request_the_agent_hung_up_on_is_refused(
+    sc: Sidecar, raw: Raw, orders: Orders
+) -> None:
+    # The agent gives up on the completion; the server still answers it, later, to whichever
+    # request of the session then holds id 5.
+    impatient = Raw(orders.server.url, sc.proxy_url)
+    impatient.headers = dict(raw.headers)
+    impatient.http = httpx.Client(proxy=sc.proxy_url, trust_env=False, timeout=0.5)
+    with pytest.raises(httpx.TimeoutException):
+        impatient.post(json.dumps(COMPLETE).encode())
+    assert _until_sync(lambda: any(b"completion/complete" in b for b in orders.server.received))
+    threading.Event().wait(0.3)  # the proxy has seen the agent hang up
+    got = raw.post(json.dumps(call(5, "refund_order", order_id=7, amount=100)).encode())
+    assert got.status_code == 400, got.text
+    assert "in flight" in got.json()["error"]["message"], got.text
+    orders.completed.set()
+    assert orders.refunds == []
+    fresh = raw.post(json.dumps(call(6, "refund_order", order_id=7, amount=100)).encode())
+    assert fresh.status_code == 200 and not _messages(fresh)[-1]["result"]["isError"], fresh.text
+    assert _until_sync(lambda: orders.refunds == [(7, 100)])
+
+
+@pytest.mark.parametrize(
+    ("slow", "other", "refused"),
+    [
+        (5, b"5.0", True),  # JavaScript reads 5.0 as 5
+        (5, b"5.5", True),  # Go's jsonrpc2 truncates it to 5
+        (5, b"5e0", True),
+        (5, b'"5"', True),  # the mcp SDK keys its streams by str(id)
+        (5, b"6", False),
+        ("x" * 60 + "a", b'"' + b"x" * 60 + b'b"', False),  # a long id is compared whole
+    ],
+)
+def test_an_id_a_server_reads_as_the_call_in_flight_is_refused(
+    raw: Raw, orders: Orders, slow: Any, other: bytes, refused: bool
+) -> None:
+    answers: list[Any] = []
+    body = json.dumps(call(slow, "refund_order", order_id=7, amount=100)).encode()  # type: ignore[arg-type]
+    thread = threading.Thread(target=lambda: answers.append(raw.post(body)))
+    thread.start()
+    try:
+        assert orders.tool_started.wait(15)
+        got = raw.post(b'{"jsonrpc":"2.0","id":' + other + b',"method":"ping"}')
+        if refused:
+            assert got.status_code == 400, got.text
+            assert "in flight" in got.json()["error"]["message"], got.text
+        else:
+            assert got.status_code in (200, 202), got.text
+    finally:
+        orders.completed.set()
+        thread.join(30)
+    assert answers[0].status_code == 200 and not _messages(answers[0])[-1]["result"]["isError"], (
+        answers[0].text
+    )
+    assert orders.refunds == [(7, 100)]
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        (5, "5"),
+        ("5", "5"),
+        (5.0, "5"),
+        (5.5, "5"),
+        (-0.5, "0"),
+        (2**53 + 1, str(2**53)),  # as JavaScript and Go read it
+        (10**400, str(10**400)),
+        (float("inf"), None),
+        (True, None),
+        (None, None),
+        ([5], None),
+        ("x" * 100, "x" * 100),
+    ],
+)
+def test_ids_are_compared_as_servers_compare_them(value: Any, key: str | None) -> None:
+    assert id_key(value) == key
