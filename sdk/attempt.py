@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,6 +21,8 @@ from .receipts import Receipt, write_receipt
 from .redact import redact
 from .states import EffectState
 from .timestamps import stamp
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,18 @@ def describe(exc: BaseException) -> str:
     """``Type: message`` on one line, credentials masked, for records and logs."""
     message = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def unrecorded(attempt: Attempt, error: BaseException, failure: Exception) -> None:
+    """The function of ``attempt`` raised ``error`` and the ledger then failed to record it
+    (a full or read-only disk, a database gone). Said in one ERROR line and a note on
+    ``error``, which the caller re-raises: the ledger's failure in its place turned a Ctrl-C
+    or ``sys.exit`` into an ``Exception`` that a retry loop swallowed, and hid a
+    ``NotExecuted``. The record stays executing under its lease, ambiguous once it ends."""
+    key = attempt.effect_key or attempt.action.name
+    said = f"the outcome of {key} ({describe(error)}) could not be recorded: {describe(failure)}"
+    log.error("%s; its record stays executing until its lease runs out", said)
+    error.add_note(f"ctrlrun: {said}")
 
 
 def not_run(error: BaseException, attempt: Attempt) -> bool:

@@ -16,17 +16,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from . import attempt as attempts
 from . import budgets, ledger
 from .action import Action, Principal, new_id, parse_iso
 from .approvals import DEFAULT_TTL
 from .attempt import Attempt, attempt_receipt, decided, describe, not_run, record_outcome
 from .context import attempt_token
-from .errors import (
-    ApprovalMismatch,
-    ApprovalTimeout,
-    EffectKeyError,
-    InvalidArgument,
-)
+from .errors import ApprovalMismatch, ApprovalTimeout, EffectKeyError, InvalidArgument
 from .events import EventType
 from .freeze import refuse_if_frozen
 from .heartbeat import Heartbeat
@@ -246,7 +242,10 @@ class Control:
             with attempt_token(attempt.held_key), self.holding(attempt):
                 value = executor()
         except BaseException as exc:
-            self.settle(attempt, exc, reconcile=reconcile, reconcile_eagerly=reconcile_eagerly)
+            try:
+                self.settle(attempt, exc, reconcile=reconcile, reconcile_eagerly=reconcile_eagerly)
+            except Exception as failure:  # the function's own exception goes on, not this
+                attempts.unrecorded(attempt, exc, failure)
             raise
         return value, self.settle(attempt, None)
 

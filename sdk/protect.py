@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 
 from . import tracing
 from .action import Action
-from .attempt import Attempt
+from .attempt import Attempt, unrecorded
 from .context import attempt_token, current_principal, presented_approval
 from .control import Control
 from .defaults import process_control
@@ -234,12 +234,17 @@ class _Call:
         return [values[n] for n in only], {n: v for n, v in values.items() if n not in only}
 
     def settle(self, attempt: Attempt, error: BaseException | None) -> None:
-        self.ctl.settle(
-            attempt,
-            error,
-            reconcile=self.spec.reconcile,
-            reconcile_eagerly=self.spec.reconcile_eagerly,
-        )
+        try:
+            self.ctl.settle(
+                attempt,
+                error,
+                reconcile=self.spec.reconcile,
+                reconcile_eagerly=self.spec.reconcile_eagerly,
+            )
+        except Exception as failure:
+            if error is None:  # it returned: a record that could not be written is never hidden
+                raise
+            unrecorded(attempt, error, failure)  # the function's own exception goes on
 
 
 def _acted(value: T, name: str) -> T:

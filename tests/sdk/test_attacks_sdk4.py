@@ -8,18 +8,30 @@ the ledger.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ctrlrun import Control, CTRLRunError, DuplicateEffect, Policy, context, protect
+from ctrlrun import (
+    Control,
+    CTRLRunError,
+    DuplicateEffect,
+    NotExecuted,
+    Policy,
+    SQLiteStateStore,
+    context,
+    protect,
+)
 from ctrlrun import ledger as L
 from ctrlrun.store import StateStore, open_store
 
@@ -243,3 +255,133 @@ def test_a_frozen_holder_keeps_its_lease_only_until_it_runs_out_in_real_time(
         holder.stop()
         store.close()
     assert holder.ran() == ["holder"]
+
+
+# -- the ledger refuses the outcome of a call that raised -----------------------------------
+
+
+def _refuse_outcomes(db: Path) -> None:
+    """From now on the ledger refuses to move any effect record (as a full or read-only disk
+    refuses every write), by a trigger written from another connection."""
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse_outcome BEFORE UPDATE ON effects "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+@pytest.mark.parametrize(
+    "raised", [KeyboardInterrupt, SystemExit, NotExecuted, ValueError], ids=lambda e: e.__name__
+)
+def test_a_ledger_that_cannot_record_the_outcome_never_masks_the_functions_exception(
+    tmp_path: Path,
+    kind: str,
+    raised: type[BaseException],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The function raised (Ctrl-C, ``sys.exit``, ``NotExecuted``, its own error) and the
+    ledger then refused the outcome write. The caller got ``StoreError`` instead: a Ctrl-C or
+    an exit became an ``Exception`` that an agent's ``except Exception: retry`` loop swallowed
+    and went on. The function's own exception propagates; the ledger's failure is one ERROR
+    line and a note on it; the record stays executing under its lease (never failed)."""
+    db = tmp_path / "state.db"
+    store = SQLiteStateStore(db)
+    control = Control(Policy.from_yaml(POLICY), store)
+
+    def act(payment_id: str) -> None:
+        _refuse_outcomes(db)
+        raise raised("the function's own error")
+
+    async def act_async(payment_id: str) -> None:
+        act(payment_id)
+
+    fn: Callable[..., Any] = act if kind == "def" else act_async
+    refund = protect("refund", control=control)(fn)
+    with context("bot"), pytest.raises(raised) as info:
+        out = refund(payment_id="p1")
+        if kind == "async def":
+            asyncio.run(out)
+    assert "the function's own error" in str(info.value)
+    assert any("could not be recorded" in note for note in getattr(info.value, "__notes__", []))
+    assert [r.levelname for r in caplog.records if "could not be recorded" in r.message] == [
+        "ERROR"
+    ]
+    assert state(store, "refund:p1") == "executing"
+    store.close()
+
+
+# -- SIGKILL at every statement of a call ----------------------------------------------------
+
+# A call whose process kills itself (SIGKILL) as the ledger starts its N-th SQL statement
+# (BEGIN and COMMIT included), counted by SQLite's own trace callback on every connection.
+KILLED_AT = """\
+import os, signal, sys
+from datetime import timedelta
+from sqlalchemy import event
+import ctrlrun
+from ctrlrun import Control, Policy
+from ctrlrun.store import open_store
+
+policy, url, runs, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+store = open_store(url)
+control = Control(Policy.from_file(policy), store)
+seen = [0]
+
+def trace(sql):
+    seen[0] += 1
+    if seen[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+@event.listens_for(store.engine, "checkout")
+def _traced(dbapi, record, proxy):
+    dbapi.set_trace_callback(trace)
+
+@ctrlrun.protect("refund", lease=timedelta(seconds=2), control=control)
+def refund(payment_id: str, amount: int) -> str:
+    fd = os.open(runs, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, b"first\\n")
+    os.close(fd)
+    return "done"
+
+with ctrlrun.context(agent="killed"):
+    refund(payment_id="p1", amount=100)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_killed_at_any_statement_never_leaves_a_call_that_ran_retryable(
+    tmp_path: Path,
+) -> None:
+    """Killed at each statement in turn: before the reservation commits nothing ran and the
+    retry runs; from then on the record says executing (then ambiguous), or committed once
+    that commit is written, never nothing or failed for a function that ran."""
+    policy = tmp_path / "ctrlrun.yaml"
+    policy.write_text(POLICY)
+    outcomes: list[tuple[int, str, str]] = []
+    for n in range(1, 40):
+        run = tmp_path / str(n)
+        run.mkdir()
+        url, runs = f"sqlite:///{run / 'state.db'}", run / "runs"
+        args = [sys.executable, "-c", KILLED_AT, str(policy), url, str(runs), str(n)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_clean_env())
+        assert done.returncode in (0, -signal.SIGKILL), done.stderr
+        store = open_store(url)
+        left = state(store, "refund:p1")
+        ran = runs.read_text().split() if runs.exists() else []
+        retried = _retry(store, 60)  # a dead holder: judged on the ledger's clock
+        store.close()
+        outcomes.append((n, left, retried))
+        if ran:
+            assert left in ("executing", "committed"), (n, left)
+            assert retried != "ran", n  # the effect ran twice
+        else:
+            assert left in ("none", "executing"), (n, left)
+        if done.returncode == 0:
+            break
+    else:
+        pytest.fail("the call never finished: more statements than expected")
+    assert outcomes[0][1:] == ("none", "ran") and outcomes[-1][1:] == (
+        "committed",
+        "DuplicateEffect:committed",
+    )
