@@ -1,5 +1,8 @@
 """Proxy edges through a real sidecar (mitmproxy, the addon, a real SQLite ledger) to real
-servers on loopback that keep every byte they are sent.
+servers on loopback that keep every byte they are sent: HTTP/2 trailers, control bytes in a
+read's headers, an HTTP/2 host field, the sidecar's own listeners reached through it, and
+HTTP/1.1 framings of a denied write (transfer codings, lengths, HTTP/1.0 keep-alive, a long
+header, WebSocket and h2c upgrades, a write after a read in one segment).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from billing_support import recorder_sidecar
+from billing_support import DENY_SEND, recorder_sidecar
 from harness import Sidecar, start_sidecar
 from rawproxy import ByteRecorder, Recorder, client_tls, connect, exchange, plain
 
@@ -240,19 +243,17 @@ OWN_SPELLINGS = [
 
 
 @pytest.mark.parametrize("which", ["proxy", "admin"])
-@pytest.mark.parametrize("host", OWN_SPELLINGS)
-def test_the_sidecars_own_listener_is_refused_through_it(
-    admin_rig: Sidecar, which: str, host: str
-) -> None:
+def test_the_sidecars_own_listener_is_refused_through_it(admin_rig: Sidecar, which: str) -> None:
     sc = admin_rig
     url = sc.proxy_url if which == "proxy" else sc.admin_url
     port = int(url.rsplit(":", 1)[1])
     proxy_port = int(sc.proxy_url.rsplit(":", 1)[1])
-    tunnel = connect(proxy_port, f"{host}:{port}", "GET", "/metrics", f"{host}:{port}")
-    assert tunnel.status == 403 and tunnel.outcome == "denied", tunnel
-    got = plain(proxy_port, "GET", f"http://{host}:{port}/metrics", f"{host}:{port}")
-    assert got.status == 403 and got.outcome == "denied", got
-    assert b"own listener" in got.body, got.body
+    for host in OWN_SPELLINGS:
+        tunnel = connect(proxy_port, f"{host}:{port}", "GET", "/metrics", f"{host}:{port}")
+        assert tunnel.status == 403 and tunnel.outcome == "denied", (host, tunnel)
+        got = plain(proxy_port, "GET", f"http://{host}:{port}/metrics", f"{host}:{port}")
+        assert got.status == 403 and got.outcome == "denied", (host, got)
+        assert b"own listener" in got.body, got.body
     # The admin listener itself still answers whoever reaches it directly.
     with httpx.Client(trust_env=False, timeout=10) as direct:
         assert direct.get(f"{sc.admin_url}/healthz").text == "ok\n"
@@ -268,3 +269,98 @@ def test_another_loopback_server_still_passes(admin_rig: Sidecar) -> None:
         assert got.status == 200, got
     receipts = [r for r in sc.cli("receipts", "--json").stdout.splitlines() if "own_listener" in r]
     assert receipts == []
+
+
+@pytest.mark.parametrize("host", ["example.com", "127.0.0.2:1"])
+def test_an_http2_host_header_other_than_the_authority_reaches_nothing(
+    tls_rig: tuple[Sidecar, ByteRecorder], host: str
+) -> None:
+    # mitmproxy writes an HTTP/2 request's own host field, if any, as the HTTP/1.1 Host: the
+    # server would route by a name the gate never judged (it judges :authority).
+    sc, upstream = tls_rig
+    assert h2_request(sc, upstream.port, [("host", host)]) is None
+    got = h2_request(
+        sc, upstream.port, [("host", host), *JSON], method="POST", path=SEND, body=b"{}"
+    )
+    assert got is None or got >= 400, got
+    assert bytes(upstream.received) == b""
+
+
+# -- a fresh pass on HTTP/1.1 framing, against a denied send ------------------------------------
+
+
+@pytest.fixture
+def denied(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    with recorder_sidecar(tmp_path, DENY_SEND) as both:
+        yield both
+
+
+def send_head(
+    port: int, *headers: bytes, method: bytes = b"POST", version: bytes = b"1.1"
+) -> bytes:
+    lines = [b"%s http://127.0.0.1:%d%s HTTP/%s" % (method, port, SEND.encode(), version)]
+    return b"\r\n".join([*lines, b"Host: 127.0.0.1:%d" % port, *headers]) + b"\r\n\r\n"
+
+
+def framings(port: int) -> dict[str, bytes]:
+    body = b"{}"
+    chunked = b"2\r\n{}\r\n0\r\n\r\n"
+    json = b"Content-Type: application/json"
+    get = read_head(port)
+    return {
+        "xchunked": send_head(port, json, b"Transfer-Encoding: xchunked") + chunked,
+        "two-te-fields": send_head(
+            port, json, b"Transfer-Encoding: chunked", b"Transfer-Encoding: identity"
+        )
+        + chunked,
+        "te-vertical-tab": send_head(port, json, b"Transfer-Encoding:\x0bchunked") + chunked,
+        "te-http10": send_head(port, json, b"Transfer-Encoding: chunked", version=b"1.0") + chunked,
+        "cl-plus": send_head(port, json, b"Content-Length: +2") + body,
+        "cl-list": send_head(port, json, b"Content-Length: 2, 2") + body,
+        "http10-keep-alive-then-write": read_head(port).replace(b"HTTP/1.1", b"HTTP/1.0", 1)[:-2]
+        + b"Connection: keep-alive\r\n\r\n"
+        + send_head(port, json, b"Content-Length: 2")
+        + body,
+        "long-header-then-write": get[:-2]
+        + b"X-Pad: "
+        + b"a" * 60_000
+        + b"\r\n\r\n"
+        + send_head(port, json, b"Content-Length: 2")
+        + body,
+        "websocket-post": send_head(
+            port,
+            json,
+            b"Content-Length: 2",
+            b"Connection: Upgrade",
+            b"Upgrade: websocket",
+            b"Sec-WebSocket-Version: 13",
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        )
+        + body,
+        "h2c-post": send_head(
+            port,
+            json,
+            b"Content-Length: 2",
+            b"Connection: Upgrade, HTTP2-Settings",
+            b"Upgrade: h2c",
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
+        )
+        + body,
+        "write-in-a-gets-segment-after-a-read": get
+        + send_head(port, json, b"Content-Length: 2")
+        + body,
+    }
+
+
+@pytest.mark.parametrize("name", list(framings(0)))
+def test_a_denied_send_in_any_framing_never_arrives(
+    denied: tuple[Sidecar, ByteRecorder], name: str
+) -> None:
+    sc, upstream = denied
+    got = exchange(sc.proxy_url, framings(upstream.port)[name], answers=2)
+    received = bytes(upstream.received)
+    assert b"POST" not in received, (received, got[:400])
+    assert b"/send" not in received, (received, got[:400])
+    # The sidecar goes on serving.
+    again = exchange(sc.proxy_url, read_head(upstream.port), wait=2)
+    assert again.startswith(b"HTTP/1.1 200"), again[:200]
