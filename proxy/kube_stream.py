@@ -47,12 +47,32 @@ def map_kube_stream(
     }
     if action == "k8s.port_forward":
         arguments["ports"] = _ports(query.get("ports", []))
+        if arguments["ports"] and _ports_in_stream(request):
+            # Over SPDY (or SPDY tunnelled in a WebSocket, as kubectl 1.31+ sends it) the
+            # kubelet forwards the port each stream's header names and never reads the query:
+            # ?ports=8080 would be decided while 5432 is forwarded.
+            raise BadInput(
+                "this port-forward names its ports inside the stream (SPDY), where the kubelet "
+                "reads them, not in the query ctrlrun decides; send it without ports= in the "
+                "query, or as a WebSocket of the channel protocol"
+            )
     else:
         arguments["container"] = _single(query, "container")
     if action == "k8s.exec":
         arguments["command"] = list(query.get("command", []))
     check_arguments(arguments)
     return Mapped(action, arguments)
+
+
+def _ports_in_stream(request: Request) -> bool:
+    """Whether the port-forward may be SPDY, whose streams name their own ports."""
+    upgrade = request.headers.get("upgrade", "").strip().casefold()
+    offered = request.headers.get("sec-websocket-protocol", "").casefold()
+    return (
+        upgrade != "websocket"
+        or "spdy" in offered
+        or bool({"upgrade", "sec-websocket-protocol"} & request.repeated)
+    )
 
 
 def _strict_query(request: Request) -> Mapping[str, list[str]]:

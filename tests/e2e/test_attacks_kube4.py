@@ -5,13 +5,15 @@ autoscaler's minimum), the kubelet (a pod's image), an API group older than apps
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import KUBE_TOKEN, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
 from test_attacks_kube import send
 from test_attacks_kube2 import ALLOW_UNMAPPED, DENY_SCALE
+from test_exec import read_head
 from test_kubectl import KUBECONFIG, kubectl
 from test_kubectl_writes import STARTER_WITH_FAKES
 
@@ -329,3 +331,65 @@ def test_a_denied_scale_spelt_as_another_patch_is_denied(
         assert kube.count("PATCH") == 0  # ctrlrun's own questions persist nothing
     finally:
         sidecar.stop()
+
+
+def test_kubectl_autoscale_is_refused(
+    allowing: Sidecar, fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
+) -> None:
+    home = kubectl_home(allowing, tmp_path)
+    done, _ = kubectl(home, "autoscale", "deployment/checkout", "--min=50", "--max=60")
+    assert done.returncode != 0 and "k8s.scale" in done.stderr, done.stderr
+    assert fakes[1].count("POST") == 0 and fakes[1].replicas("default", "checkout") == 3
+
+
+ONLY_8080 = """\
+  k8s.port_forward:
+    rules:
+      - when:
+          ports_eq: [8080]
+        decision: allow
+upstreams:
+"""
+
+
+@pytest.mark.parametrize(
+    ("upgrade", "protocol"),
+    [
+        ("SPDY/3.1", ""),
+        # What kubectl 1.31+ sends: SPDY tunnelled in a WebSocket, the ports in its streams.
+        ("websocket", "SPDY/3.1+portforward.k8s.io"),
+        ("websocket", "v4.channel.k8s.io, SPDY/3.1+portforward.k8s.io"),
+    ],
+)
+def test_a_port_forward_whose_streams_name_the_ports_cannot_name_others_in_the_query(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], upgrade: str, protocol: str
+) -> None:
+    # The kubelet forwards the port a SPDY stream's header names and never reads ?ports=:
+    # decided as [8080], allowed, it would reach the database on 5432.
+    stripe, kube = fakes
+    kube.add_pod("default", "db-0")
+    policy = POLICY.replace("upstreams:\n", ONLY_8080, 1)
+    sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
+    try:
+        target = f"{kube.url}/api/v1/namespaces/default/pods/db-0/portforward?ports=8080"
+        with socket_upgrade(sidecar.proxy_url, target, upgrade, protocol) as sock:
+            head = read_head(sock)
+        assert head.startswith(b"HTTP/1.1 422"), head
+        assert b"X-Ctrlrun-Outcome: invalid_request" in head and kube.sessions == []
+    finally:
+        sidecar.stop()
+
+
+def socket_upgrade(proxy: str, target: str, upgrade: str, protocol: str) -> socket.socket:
+    """An upgrade through the explicit proxy offering ``protocol``; the socket, head sent."""
+    host, port = proxy.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    offered = f"Sec-WebSocket-Protocol: {protocol}\r\n" if protocol else ""
+    key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    head = (
+        f"GET {target} HTTP/1.1\r\nHost: {target.split('/')[2]}\r\n"
+        f"Authorization: Bearer {KUBE_TOKEN}\r\nConnection: Upgrade\r\nUpgrade: {upgrade}\r\n"
+        f"{offered}{key if upgrade == 'websocket' else ''}Content-Length: 0\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock

@@ -175,7 +175,7 @@ def test_spdy_exec_is_decided_and_its_stream_relayed_both_ways(
     [
         (f"{EXEC}?command=sh", "k8s.exec"),
         ("/api/v1/namespaces/default/pods/web-0/attach?container=app", "k8s.attach"),
-        ("/api/v1/namespaces/default/pods/web-0/portforward?ports=5432", "k8s.port_forward"),
+        ("/api/v1/namespaces/default/pods/web-0/portforward", "k8s.port_forward"),
     ],
 )
 @pytest.mark.parametrize("upgrade", ["SPDY/3.1", "websocket"])
