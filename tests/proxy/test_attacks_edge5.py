@@ -364,3 +364,30 @@ def test_a_denied_send_in_any_framing_never_arrives(
     # The sidecar goes on serving.
     again = exchange(sc.proxy_url, read_head(upstream.port), wait=2)
     assert again.startswith(b"HTTP/1.1 200"), again[:200]
+
+
+ALLOW_UNMAPPED = POLICY.replace("    routes:", "    unmapped_writes: allow\n    routes:").replace(
+    "decision: allow", "decision: deny"
+)
+
+
+@pytest.fixture
+def unmapped_rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
+    ca = fake_ca()
+    policy = ALLOW_UNMAPPED.replace("URL", f"https://127.0.0.1:PORT\n    ca_file: {ca.ca_file}")
+    with recorder_sidecar(tmp_path, policy, tls=ca.server_context()) as both:
+        yield both
+
+
+def test_an_http2_write_whose_path_a_server_reads_as_a_route_is_refused(
+    unmapped_rig: tuple[Sidecar, ByteRecorder],
+) -> None:
+    # With unmapped_writes: allow, a :path that matches no route as spelt but that a server
+    # reads as the denied send (absolute form, no leading '/', '//host') must not pass.
+    sc, upstream = unmapped_rig
+    absolute = f"http://127.0.0.1:{upstream.port}{SEND}"
+    for path in [absolute, SEND.lstrip("/"), "*", f"//x{SEND}"]:
+        got = h2_request(sc, upstream.port, JSON, method="POST", path=path, body=b"{}")
+        assert got == 400, (path, got)
+    assert bytes(upstream.received) == b""
+    assert h2_request(sc, upstream.port, JSON, method="POST", path="/v1/other", body=b"{}") == 200
