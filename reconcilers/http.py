@@ -70,6 +70,7 @@ class Reader:
         self._wall = wall
         self.skew: float | None = None
         self.missing: dict[str, Any] | None = None  # the JSON body of the last 404, if any
+        self.ahead: timedelta | None = None  # the ledger's clock less the remote's (``_measure``)
         self._dated = True
         self._headers = {"Accept": "application/json", **(headers or {})}
         self._timeout = timeout
@@ -152,6 +153,9 @@ class Reader:
         """Widen ``skew`` by one answer: its ``Date`` (whole seconds) was stamped between
         ``sent`` and ``received`` on our clock. An answer with no usable Date: unknown."""
         remote = _http_date(date)
+        # The last answer's latest ledger time for a remote time t is t + ``ahead`` (+1 s for
+        # the Date's truncation): how a reconciler places the remote's own timestamps.
+        self.ahead = None if remote is None else received - remote
         if remote is None or not self._dated:
             self._dated, self.skew = False, None
             return

@@ -3,12 +3,19 @@
 =========================  ======================================  ==========================
 action                     committed                               not_executed
 =========================  ======================================  ==========================
-k8s.scale                  the scale's ``spec.replicas`` equals    it does not, or there is
-                           the requested count                     no such deployment
+k8s.scale                  the scale's ``spec.replicas`` equals    it does not and nobody
+                           the requested count                     wrote the deployment since
+                                                                   the attempt began
+                                                                   (``managedFields``), or
+                                                                   there is no such deployment
 k8s.delete_namespace,      404, or ``metadata.deletionTimestamp``  the object exists with no
-k8s.delete_deployment      is set                                  ``deletionTimestamp``
+k8s.delete_deployment      is set                                  ``deletionTimestamp``, made
+                                                                   before the attempt began
 =========================  ======================================  ==========================
 
+The apiserver's times (``managedFields[].time``, ``creationTimestamp``) are placed on the
+ledger's clock by the answer's ``Date`` (which every apiserver sends): ``managedFields`` with no
+``Date`` make the scale ``unknown``; a ``creationTimestamp`` is only judged with one.
 Everything else, and everything unproven (unreachable, 5xx, 401/403, malformed answers, an
 object of another name or namespace, a 404 that is not the apiserver's ``NotFound`` Status
 naming the object), is ``unknown``. The bearer token is the producing request's own, else the
@@ -20,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeGuard
 from urllib.parse import quote
@@ -115,7 +123,7 @@ class KubernetesReconciler(Remote):
     ) -> ReconcileOutcome:
         """Ask about one write, described by its action name and arguments (with ``facts``,
         the attempt's, its settle window applies: a write still in flight is not absent)."""
-        ask: dict[str, Callable[[Reader, Mapping[str, Any]], Verdict]] = {
+        ask: dict[str, Callable[[Reader, Mapping[str, Any], datetime | None], Verdict]] = {
             "k8s.scale": _scale,
             "k8s.delete_namespace": _delete_namespace,
             "k8s.delete_deployment": _delete_deployment,
@@ -130,8 +138,10 @@ class KubernetesReconciler(Remote):
                 timeout=self.timeout,
                 deadline=self.deadline,
                 transport=self._transport,
+                wall=facts.clock if facts is not None else None,
             ) as reader:
-                verdict = how(reader, arguments)
+                since = facts.attempt_started_at if facts is not None else None
+                verdict = how(reader, arguments, since)
         if facts is not None:
             verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
@@ -163,7 +173,7 @@ class _Object:
     namespace: str | None = None
 
 
-def _scale(reader: Reader, args: Mapping[str, Any]) -> Verdict:
+def _scale(reader: Reader, args: Mapping[str, Any], since: datetime | None) -> Verdict:
     target = _deployment(args)
     replicas = args.get("replicas")
     if isinstance(replicas, str) and replicas.isascii() and replicas.isdigit():
@@ -184,24 +194,33 @@ def _scale(reader: Reader, args: Mapping[str, Any]) -> Verdict:
         return "unknown", "the scale has no spec.replicas"
     if current == replicas:
         return "committed", f"spec.replicas is {current}"
+    # Another count proves nothing if someone wrote the deployment since the attempt began
+    # (an HPA, a person, a rollback): the attempt's write may have landed, then been undone.
+    if since is not None:
+        deployment = reader.get(target.path)
+        if isinstance(deployment, Miss) or not _is(deployment, target):
+            return "unknown", "the deployment could not be read to see who wrote it last"
+        if late := _written_since(reader, deployment, since):
+            return "unknown", f"spec.replicas is {current}, but {late}"
     return "not_executed", f"spec.replicas is {current}, not {replicas}"
 
 
-def _delete_namespace(reader: Reader, args: Mapping[str, Any]) -> Verdict:
+def _delete_namespace(reader: Reader, args: Mapping[str, Any], since: datetime | None) -> Verdict:
     name = args.get("name") or args.get("namespace")
     if not _is_name(name):
         return "unknown", "no namespace name among the arguments"
-    return _deleted(reader, _Object(f"/api/v1/namespaces/{_segment(name)}", NAMESPACES, name))
+    target = _Object(f"/api/v1/namespaces/{_segment(name)}", NAMESPACES, name)
+    return _deleted(reader, target, since)
 
 
-def _delete_deployment(reader: Reader, args: Mapping[str, Any]) -> Verdict:
+def _delete_deployment(reader: Reader, args: Mapping[str, Any], since: datetime | None) -> Verdict:
     target = _deployment(args)
     if target is None:
         return "unknown", "no namespace/deployment among the arguments"
-    return _deleted(reader, target)
+    return _deleted(reader, target, since)
 
 
-def _deleted(reader: Reader, target: _Object) -> Verdict:
+def _deleted(reader: Reader, target: _Object, since: datetime | None) -> Verdict:
     reply = reader.get(target.path)
     if reply is Miss.NOT_FOUND:
         if _absent(reader, target):
@@ -214,7 +233,47 @@ def _deleted(reader: Reader, target: _Object) -> Verdict:
     metadata = reply["metadata"]
     if metadata.get("deletionTimestamp"):
         return "committed", "the object is being deleted"
+    created = _remote_time(metadata.get("creationTimestamp"))
+    if since is not None and reader.ahead is not None and _placed(created, reader, since):
+        # Deleted by the attempt, then made again by someone else: not the object it deleted.
+        return "unknown", "the object exists, but was created since the attempt began"
     return "not_executed", "the object exists with no deletionTimestamp"
+
+
+def _written_since(reader: Reader, deployment: Mapping[str, Any], since: datetime) -> str | None:
+    """Who wrote the deployment's spec or metadata since ``since``, from ``managedFields``
+    (status writes are the controller's, which never sets replicas); None when nobody did."""
+    fields = deployment["metadata"].get("managedFields")
+    if not isinstance(fields, list):
+        return None  # an apiserver that tracks no managers says nothing either way
+    if reader.ahead is None:
+        return "the apiserver's clock is unknown (no Date), so its managedFields cannot be placed"
+    for entry in fields:
+        if not isinstance(entry, dict) or entry.get("subresource") == "status":
+            continue
+        when = _remote_time(entry.get("time"))
+        if _placed(when, reader, since):
+            return f"{entry.get('manager', 'someone')} wrote it since the attempt began"
+    return None
+
+
+def _placed(remote: datetime | None, reader: Reader, since: datetime) -> bool:
+    """A remote time (whole seconds) could be at or after ``since`` on the ledger's clock.
+    A time that cannot be read could be anything: True."""
+    if remote is None or reader.ahead is None:
+        return True
+    latest = remote + timedelta(seconds=1) + reader.ahead
+    return latest >= (since if since.tzinfo else since.replace(tzinfo=UTC))
+
+
+def _remote_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else None
 
 
 def _absent(reader: Reader, target: _Object) -> bool:

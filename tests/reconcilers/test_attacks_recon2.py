@@ -432,6 +432,116 @@ def test_another_object_proves_nothing(
     assert kube(server.url)(facts(action, {"cluster": "eu", **arguments})) == "unknown"
 
 
+def stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dated(script: Script, remote_now: datetime) -> Script:
+    """The script answered by an apiserver whose clock reads ``remote_now``."""
+    script.headers["Date"] = format_datetime(remote_now, usegmt=True)
+    return script
+
+
+@pytest.mark.parametrize(
+    ("created_ago", "expected"),
+    [
+        pytest.param(timedelta(minutes=5), "unknown", id="created-since-the-attempt"),
+        pytest.param(timedelta(hours=1), "not_executed", id="older-than-the-attempt"),
+    ],
+)
+def test_an_object_created_since_the_attempt_began_is_not_the_one_it_deleted(
+    remote: Callable[[Answerer], LyingRemote], created_ago: timedelta, expected: str
+) -> None:
+    """Deleted by the attempt (ten minutes ago), then created again by someone else: there,
+    but the delete ran, and a retry would delete the new one."""
+    created = stamp(datetime.now(UTC) - created_ago)
+    server = remote(always(js(200, k8s_object("shop", creationTimestamp=created))))
+    assert kube(server.url)(facts("k8s.delete_namespace", {"name": "shop"})) == expected
+
+
+def scale_object(replicas: int) -> dict[str, Any]:
+    return {**k8s_object("web", "prod"), "kind": "Scale", "spec": {"replicas": replicas}}
+
+
+def written(*entries: tuple[str, datetime, str | None]) -> dict[str, Any]:
+    fields = [
+        {
+            "manager": m,
+            "operation": "Update",
+            "time": stamp(t),
+            **({"subresource": sub} if sub else {}),
+        }
+        for m, t, sub in entries
+    ]
+    deployment = k8s_object("web", "prod", managedFields=fields)
+    deployment["metadata"]["creationTimestamp"] = stamp(datetime.now(UTC) - timedelta(days=1))
+    return deployment
+
+
+def apiserver(deployment: dict[str, Any], replicas: int, offset: timedelta) -> Answerer:
+    """``/scale`` shows ``replicas``; the deployment itself ``deployment``; clock off by
+    ``offset`` (its Date and its managedFields times alike)."""
+
+    def answer(target: str) -> Script:
+        now = datetime.now(UTC) + offset
+        document = scale_object(replicas) if target.endswith("/scale") else deployment
+        return dated(js(200, document), now)
+
+    return answer
+
+
+HOUR = timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("entries", "offset", "expected"),
+    [
+        pytest.param([("hpa", timedelta(minutes=-2), None)], timedelta(0), "unknown", id="hpa"),
+        pytest.param(
+            [("kubectl", -HOUR, "scale"), ("kube-controller-manager", timedelta(0), "status")],
+            timedelta(0),
+            "not_executed",
+            id="only-status-since",
+        ),
+        pytest.param(
+            [("hpa", timedelta(minutes=-2), None)],
+            timedelta(minutes=-30),
+            "unknown",
+            id="apiserver-clock-behind",
+        ),
+        pytest.param(
+            [("kubectl", -HOUR, None)], timedelta(minutes=30), "not_executed", id="clock-ahead"
+        ),
+    ],
+)
+def test_a_scale_undone_by_a_later_write_is_not_disproved(
+    remote: Callable[[Answerer], LyingRemote],
+    entries: list[tuple[str, timedelta, str | None]],
+    offset: timedelta,
+    expected: str,
+) -> None:
+    """Asked to scale to 5, the reply lost; an HPA wrote 3 since: the scale may have landed."""
+    now = datetime.now(UTC) + offset
+    deployment = written(*((m, now + ago, sub) for m, ago, sub in entries))
+    server = remote(apiserver(deployment, 3, offset))
+    answer = kube(server.url)(facts("k8s.scale", {"cluster": "eu", **DEPLOY, "replicas": 5}))
+    assert answer == expected
+
+
+def test_managed_fields_with_no_date_to_place_them_prove_nothing(
+    remote: Callable[[Answerer], LyingRemote],
+) -> None:
+    deployment = written(("kubectl", datetime.now(UTC) - HOUR, None))
+
+    def answer(target: str) -> Script:
+        document = scale_object(3) if target.endswith("/scale") else deployment
+        return js(200, document, headers={"Date": ""})
+
+    server = remote(answer)
+    arguments = {"cluster": "eu", **DEPLOY, "replicas": 5}
+    assert kube(server.url)(facts("k8s.scale", arguments)) == "unknown"
+
+
 # -- the declarative reconciler ---------------------------------------------------------------
 
 SEND = Check(
