@@ -95,14 +95,9 @@ class McpGate:
         principal: Principal | None,
     ) -> McpHandled | PassThrough:
         method = request.method.upper()
-        if request.folded:
-            return _protocol(ProtocolError(-32600, "ctrlrun relays no header folded over lines"))
-        unsent = unframed(request)
-        if unsent is not None:
-            return _protocol(ProtocolError(-32600, unsent))
-        if "upgrade" in request.headers or overridden(request.headers, request.query):
-            # The server may honour either and run what ctrlrun did not read as a message.
-            return _protocol(ProtocolError(-32600, "ctrlrun relays no Upgrade or method override"))
+        unsure = _unsure(request)
+        if unsure is not None:
+            return _protocol(ProtocolError(-32600, unsure))
         if request.method == "DELETE":
             # MCP's DELETE ends a session the server assigned there; any other may be another
             # API's write on the same host.
@@ -233,6 +228,23 @@ class McpGate:
         """A POST ctrlrun forwarded itself was answered: learn the session it may name."""
         given = header(reply.headers, HEADER)
         self.sessions.answered(up.name, "POST", request.path, reply.status, asked=None, given=given)
+
+
+def _unsure(request: Request) -> str | None:
+    """Why the server may read ``request`` otherwise than ctrlrun does, or None."""
+    if request.folded:
+        return "ctrlrun relays no header folded over lines"
+    unsent = unframed(request)
+    if unsent is not None:
+        return unsent
+    if "upgrade" in request.headers or overridden(request.headers, request.query):
+        # The server may honour either and run what ctrlrun did not read as a message.
+        return "ctrlrun relays no Upgrade or method override"
+    if HEADER in request.repeated:
+        # The mcp SDK reads the first, ctrlrun the last: the ids it holds (``mcp_flight``)
+        # would be another session's than the one the server serves.
+        return "a request that names two Mcp-Session-Ids"
+    return None
 
 
 def _unanswered(

@@ -243,3 +243,20 @@ def test_an_id_a_server_reads_as_the_call_in_flight_is_refused(
 )
 def test_ids_are_compared_as_servers_compare_them(value: Any, key: str | None) -> None:
     assert id_key(value) == key
+
+
+def test_a_request_naming_two_sessions_is_refused(raw: Raw, orders: Orders) -> None:
+    # The server reads the first Mcp-Session-Id, a proxy keeping the last would hold the
+    # completion's id under another session than the one the tool call shares with it.
+    session = raw.headers["Mcp-Session-Id"]
+    base = [(k, v) for k, v in raw.headers.items() if k != "Mcp-Session-Id"]
+    base.append(("Content-Type", "application/json"))
+    before = len(orders.server.received)
+    for pair in ([session, "another"], ["another", session]):
+        headers = base + [("Mcp-Session-Id", value) for value in pair]
+        got = raw.http.post(raw.url, content=json.dumps(COMPLETE).encode(), headers=headers)
+        assert got.status_code == 400, got.text
+        assert "Mcp-Session-Id" in got.json()["error"]["message"], got.text
+    assert len(orders.server.received) == before  # nothing forwarded
+    one = raw.post(b'{"jsonrpc":"2.0","id":9,"method":"ping"}')
+    assert one.status_code == 200, one.text
