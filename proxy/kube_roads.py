@@ -123,10 +123,14 @@ def _metadata_only(request: Request) -> bool:
     """Whether the write changes nothing but the object's metadata (a label, an annotation).
 
     Read on its surface, strictly: any other key, a directive ($patch, $retainKeys) or a JSON
-    patch operation writing outside /metadata is more than metadata.
+    patch operation writing outside /metadata is more than metadata. So is any server-side
+    apply: it also removes the fields its manager applied before and leaves out now (an
+    autoscaler's minReplicas, back to its default).
     """
     check_body(request)
     media, document = read_document(request)
+    if media == "apply":
+        return False
     if media == "json":
         return all(_writes_within(op, "metadata") for op in document)
     return set(document) <= {"apiVersion", "kind", "metadata"}

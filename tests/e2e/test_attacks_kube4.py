@@ -94,6 +94,17 @@ ROADS: list[tuple[str, str, str, object]] = [
     ),
     ("PATCH", f"{HPAS}/checkout?fieldManager=agent", APPLY, HPA),
     ("PUT", f"{HPAS}/checkout", "application/json", HPA),
+    # Apply drops the fields its manager applied before and leaves out: minReplicas included.
+    (
+        "PATCH",
+        f"{HPAS}/checkout?fieldManager=agent",
+        APPLY,
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "checkout"},
+        },
+    ),
     # A running pod's new image: the kubelet restarts the container on it (kubectl set image).
     ("PATCH", WEB, SMP, {"spec": {"containers": [{"name": "app", "image": "evil:1"}]}}),
     ("PATCH", WEB, MERGE, {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}),
