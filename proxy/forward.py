@@ -15,6 +15,7 @@ from . import h1
 from .classify import Transport
 from .config import Upstream
 from .h1 import HOP_BY_HOP
+from .stripe_accounts import AccountBook, api_upstream
 
 MAX_RESPONSE = 16 * 1024 * 1024
 
@@ -45,7 +46,9 @@ class Forwarder:
 
     def __init__(self, upstreams: Sequence[Upstream]) -> None:
         self._pools: dict[str, h1.Pool] = {}
-        for up in upstreams:
+        self.accounts = AccountBook()  # what Stripe said each key's own account is
+        apis = (api for up in upstreams if (api := api_upstream(up)) is not None)
+        for up in (*upstreams, *apis):
             context = ssl.create_default_context(cafile=up.ca_file) if up.ca_file else None
             self._pools[up.name] = h1.Pool(
                 up.scheme,

@@ -31,7 +31,7 @@ from ctrlrun.errors import CTRLRunError, EffectKeyError, InvalidArgument
 from ctrlrun.events import EventType
 from ctrlrun.receipts import Receipt
 
-from . import replay, settle, stripe_payments
+from . import replay, settle, stripe_accounts, stripe_payments
 from .classify import classify
 from .config import Upstream
 from .decision_log import call_settled, decided_fields, traceparent
@@ -45,7 +45,6 @@ from .numbers import as_numbers
 from .prepare import CREDENTIAL_HEADERS, Prepared
 from .refusals import Refusal, refusal_for
 from .route_values import BadInput, Request
-from .stripe_routes import account, check_headers
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +165,12 @@ class CallGuard:
         call: ToolCall,
         principal: Principal,
     ) -> Prepared | Refusal:
+        forwarder = self.guard.forwarder
+        given = await stripe_accounts.derived(forwarder, up, request, tool.action, ctl.policy)
+        if isinstance(given, Refusal):
+            return given
         try:
-            mapped = map_call(tool, call.arguments, derived(up, request))
+            mapped = map_call(tool, call.arguments, given)
             action = build_action(
                 ctl.policy, mapped.action, mapped.arguments, principal, ctl.environment
             )
@@ -329,15 +332,6 @@ def near_miss(name: str, tools: Mapping[str, McpTool]) -> str | None:
         return "".join(c for c in text.casefold() if c.isalnum())
 
     return next((t for t in tools if t != name and loose(t) == loose(name)), None)
-
-
-def derived(up: Upstream, request: Request) -> dict[str, Any]:
-    """Arguments the request's headers give: a stripe-mcp call acts on the account its
-    Stripe-Account names (``self`` without one), as a REST write does."""
-    if up.profile != "stripe-mcp":
-        return {}
-    check_headers(request)
-    return {"account": account(request)}
 
 
 def _error_line(reply: Forwarded, response: Any) -> str:

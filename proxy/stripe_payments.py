@@ -27,6 +27,8 @@ from .config import Upstream
 from .forward import Forwarder
 from .refusals import Refusal
 from .routes import Mapped, Request
+from .stripe_accounts import needed, own_account
+from .stripe_routes import OWN_ACCOUNT
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,13 @@ def reads(policy: Policy, action: str, argument: str) -> bool:
 async def resolve(
     forwarder: Forwarder, up: Upstream, request: Request, route: Mapped, policy: Policy
 ) -> Mapped | Refusal:
-    """``route`` with its payment named by the payment intent, or why it is refused."""
+    """``route`` with its account and payment named by their ids, or why it is refused."""
+    if route.arguments.get("account") == OWN_ACCOUNT and needed(policy, route.action):
+        # No Stripe-Account: the key's own account, by its id (``stripe_accounts``).
+        own = await own_account(forwarder, up, request.headers, route.action)
+        if isinstance(own, Refusal):
+            return own
+        route = Mapped(route.action, {**route.arguments, "account": own})
     if route.action != "stripe.refund":
         return route
     args = route.arguments

@@ -53,7 +53,10 @@ def test_refund_once_then_duplicate_and_payout_denied(
             assert again.isError
             assert text(again).startswith("ctrlrun: ")
             meta = receipt_meta(again)
-            assert meta["outcome"] == "duplicate" and meta["effect_key"] == f"refund:self:{pi}"
+            assert (
+                meta["outcome"] == "duplicate"
+                and meta["effect_key"] == f"refund:{fakes[0].platform_id}:{pi}"
+            )
             assert meta["receipt_id"].startswith("ctr_")
             payout = await s.call_tool("create_payout", {"amount": 100})
             assert payout.isError and receipt_meta(payout)["outcome"] == "denied"
@@ -76,7 +79,7 @@ def test_lost_reply_is_reconciled_committed_in_the_same_call_and_the_retry_is_a_
 ) -> None:
     stripe = fakes[0]
     pi = stripe.add_payment_intent(amount=5000)["id"]
-    key = f"refund:self:{pi}"
+    key = f"refund:{fakes[0].platform_id}:{pi}"
     mcp_server.fail_next("commit_then_drop")
 
     async def agent() -> None:

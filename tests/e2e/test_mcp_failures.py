@@ -81,7 +81,7 @@ def test_a_hang_is_ambiguous_and_a_retry_is_refused_until_it_is_settled(
         meta(retry)["outcome"] == "ambiguous" and "ctrlrun resolve" in retry["content"][0]["text"]
     )
     assert fakes[0].refunds == []
-    key = f"refund:self:{pi}"
+    key = f"refund:{fakes[0].platform_id}:{pi}"
     assert sc.cli("resolve", key, "--failed", "--store-url", sc.store_url).returncode == 0
     assert not refund(raw, 3, pi).get("isError")  # a failed record permits a renewal
     assert len(fakes[0].refunds) == 1
@@ -109,7 +109,9 @@ def test_a_tool_error_reaches_the_agent_and_the_record_is_ambiguous(
     servers[0].fail_next("tool_error")
     failed = refund(raw, 1, pi)
     assert failed["isError"] and "told to answer" in failed["content"][0]["text"]  # the remote's
-    assert sc.effect_state(f"refund:self:{pi}") == "ambiguous"  # the tool may have acted
+    assert (
+        sc.effect_state(f"refund:{fakes[0].platform_id}:{pi}") == "ambiguous"
+    )  # the tool may have acted
 
 
 def test_own_tools_table_and_unmapped_tools_allow(
@@ -155,7 +157,7 @@ def test_reconcile_asks_stripes_rest_api_about_an_mcp_refund(
         raw.open()
         servers[0].fail_next("commit_then_drop")
         assert meta(refund(raw, 1, pi))["reason"] == "reconciler: not asked"
-        key = f"refund:self:{pi}"
+        key = f"refund:{fakes[0].platform_id}:{pi}"
         assert sc.effect_state(key) == "ambiguous"
         asked = sc.cli("reconcile", key, "--policy", str(sc.policy), "--store-url", sc.store_url)
         assert asked.returncode == 0, asked.stdout + asked.stderr

@@ -105,7 +105,7 @@ def test_each_tool_call_is_a_span_and_its_decision_line_carries_the_fields(
         under_the_agents_trace(span)
     refund, payout = by_name["stripe.refund"], by_name["stripe.payout"]
     assert refund["ctrlrun.action"] == "stripe.refund"
-    assert refund["ctrlrun.effect_key"] == f"refund:self:{pi}"
+    assert refund["ctrlrun.effect_key"] == f"refund:{fakes[0].platform_id}:{pi}"
     assert refund["ctrlrun.outcome"] == "committed" and refund["ctrlrun.receipt_id"]
     assert payout["ctrlrun.outcome"] == "denied"
     assert not any("amount" in k or "payment" in k for s in spans for k in s.attributes)
@@ -115,7 +115,7 @@ def test_each_tool_call_is_a_span_and_its_decision_line_carries_the_fields(
     assert committed and refused
     assert all(refused[0].get(f) for f in FIELDS), refused[0]
     assert all(committed[0].get(f) for f in FIELDS if f != "reason"), committed[0]  # none
-    assert committed[0]["effect_key"] == f"refund:self:{pi}"
+    assert committed[0]["effect_key"] == f"refund:{fakes[0].platform_id}:{pi}"
     assert {d["trace_id"] for d in docs if "outcome" in d} == {TRACE_ID}
     assert STRIPE_KEY not in json.dumps(docs)
     receipts = [r for r in ledger_json(sc) if r["kind"] == "receipt"]

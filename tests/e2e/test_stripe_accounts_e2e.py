@@ -101,7 +101,7 @@ def test_the_account_is_part_of_the_effect_key(sc: Sidecar, fake: FakeStripe) ->
     assert again.http_status == 409 and outcome(again) == "duplicate"
     assert sc.effect_state(f"refund:acct_A:{pa}") == "committed"
     assert sc.effect_state(f"refund:acct_B:{pa}") == "committed"
-    assert sc.effect_state(f"refund:self:{own}") == "committed"
+    assert sc.effect_state(f"refund:{fake.platform_id}:{own}") == "committed"
     for acct in ("acct_A", "acct_B"):
         assert [r["payment_intent"] for r in fake.refunds_in(acct)].count(pa) == 1
 

@@ -21,6 +21,18 @@ def _common(prefix: str, kind: str, created: int, metadata: Mapping[str, str]) -
     }
 
 
+def account(account_id: str) -> StripeObject:
+    """The account object ``GET /v1/account`` answers (the fields a client reads of it)."""
+    return {
+        "id": account_id,
+        "object": "account",
+        "charges_enabled": True,
+        "country": "US",
+        "default_currency": "usd",
+        "type": "standard",
+    }
+
+
 def payment_intent(amount: int, currency: str, status: str, created: int) -> StripeObject:
     return _common("pi_", "payment_intent", created, {}) | {
         "amount": amount,

@@ -9,7 +9,6 @@ accounts (``add_account``) hold their own objects and keys (``accounts.py``).
 
 from __future__ import annotations
 
-import base64
 import copy
 import re
 import time
@@ -21,7 +20,7 @@ from ..connection import Answer
 from ..messages import Request, Response
 from ..server import FakeServer
 from . import objects
-from .accounts import PLATFORM, Accounts
+from .accounts import PLATFORM, Accounts, api_key
 from .idempotency import fingerprint, idempotency_key
 from .objects import API_VERSION
 from .state import StripeState
@@ -84,10 +83,16 @@ class FakeStripe(FakeServer):
             state.charges[charge["id"]] = charge
             return copy.deepcopy(charge)
 
-    def add_account(self, id: str | None = None) -> str:
-        """Connect an account that requests may name in ``Stripe-Account``; returns its id."""
+    def add_account(self, id: str | None = None, *, key: str | None = None) -> str:
+        """Connect an account that requests may name in ``Stripe-Account``; returns its id.
+        ``key``: the account's own secret key, which acts on it with no header."""
         with self._lock:
-            return self._accounts.add(id)
+            return self._accounts.add(id, key=key)
+
+    @property
+    def platform_id(self) -> str:
+        """The platform's own account id (what ``GET /v1/account`` answers for its keys)."""
+        return self._accounts.platform_id
 
     def refunds_in(self, account: str | None) -> list[StripeObject]:
         """Every refund of the connected ``account`` (None: the platform's), oldest first."""
@@ -163,15 +168,8 @@ class FakeStripe(FakeServer):
     # -- the HTTP side (server thread) ---------------------------------------------------------
 
     def authorize(self, request: Request) -> Response | None:
-        scheme, _, credential = request.header("authorization").partition(" ")
-        if scheme.lower() == "basic":
-            try:
-                credential = base64.b64decode(credential).decode().partition(":")[0]
-            except ValueError:
-                credential = ""
-        elif scheme.lower() != "bearer":
-            credential = ""
-        if _KEY.fullmatch(credential.strip()):
+        credential = api_key(request)
+        if _KEY.fullmatch(credential):
             return None
         message = (
             "Invalid API Key provided (the fake accepts sk_test_ keys only)."
@@ -188,20 +186,24 @@ class FakeStripe(FakeServer):
         key = idempotency_key(request)
         if not key or self.authorize(request) is not None:
             return await super()._answer(request)
-        scope = (request.header("stripe-account").strip(), key)
         with self._lock:
+            try:
+                scope = (self._accounts.of(request).id, key)
+            except StripeError:
+                scope = None  # refused in handle(), before anything runs
             busy = scope in self._running
             if busy:
                 self._requests.append((request.method, request.path))
-            else:
+            elif scope is not None:
                 self._running.add(scope)
         if busy:
             return self.finalize(request, _error(injected_error(409)))
         try:
             return await super()._answer(request)
         finally:
-            with self._lock:
-                self._running.discard(scope)
+            if scope is not None:
+                with self._lock:
+                    self._running.discard(scope)
 
     def handle(self, request: Request) -> Response:
         request_id = new_id("req_")
@@ -216,6 +218,10 @@ class FakeStripe(FakeServer):
             replay = account.idempotency.replay(key, same)
             if replay is not None:
                 return replay
+            if (request.method, request.path) == ("GET", "/v1/account"):
+                response = Response.json(200, objects.account(account.id))
+                response.headers["Request-Id"] = request_id
+                return response
             origin = {"id": request_id, "idempotency_key": key or None}
             try:
                 obj = account.routes.call(request, params, origin)
