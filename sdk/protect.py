@@ -14,6 +14,7 @@ start is released as not executed (``failed``), never left ``executing`` for its
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import logging
@@ -248,19 +249,30 @@ class _Call:
 
 
 def _acted(value: T, name: str) -> T:
-    """``value``, unless it is work still to be done (an awaitable, a generator): that would
-    act after the call is recorded, outside its protection. It is closed unrun and refused,
-    and the call, whose function may have acted before returning it, is recorded ambiguous."""
-    if not (inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)):
+    """``value``, unless it is work still to be done (an awaitable, a generator, a thread
+    pool's future, a lazy ``map``/``filter``): that would act after the call is recorded,
+    outside its protection, and a record saying committed then refused every retry of an
+    effect that had not happened (or never would). It is closed or cancelled unrun and
+    refused, and the call, whose function may have acted before returning it, is recorded
+    ambiguous."""
+    if not (
+        inspect.isawaitable(value)
+        or inspect.isgenerator(value)
+        or inspect.isasyncgen(value)
+        or isinstance(value, _LATER)
+    ):
         return value
     close = getattr(value, "cancel", None) or getattr(value, "close", None)
     if callable(close) and not inspect.isasyncgen(value):
         close()
     raise InvalidArgument(
-        f"{name}: the protected function returned {type(value).__name__}, an awaitable or "
-        "generator that would act after the call is recorded; protect the async def itself "
-        "(or await it inside the function)"
+        f"{name}: the protected function returned {type(value).__name__}, an awaitable, "
+        "generator or other work that would act after the call is recorded; protect the async "
+        "def itself (or await it, wait for its result or list it inside the function)"
     )
+
+
+_LATER = (concurrent.futures.Future, map, filter)  # not awaitables, but work still to be done
 
 
 async def _admit(call: _Call) -> Attempt:

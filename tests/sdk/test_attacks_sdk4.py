@@ -14,8 +14,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from ctrlrun import (
     Control,
     CTRLRunError,
     DuplicateEffect,
+    InvalidArgument,
     NotExecuted,
     Policy,
     SQLiteStateStore,
@@ -385,3 +388,42 @@ def test_a_process_killed_at_any_statement_never_leaves_a_call_that_ran_retryabl
         "committed",
         "DuplicateEffect:committed",
     )
+
+
+# -- work handed back to be done after the call is recorded ---------------------------------
+
+
+@pytest.mark.parametrize("kind", ["future", "map", "filter"])
+def test_a_function_that_returns_work_still_to_be_done_is_ambiguous_not_committed(
+    tmp_path: Path, kind: str
+) -> None:
+    """``return pool.submit(api.refund, ...)`` or ``return map(api.refund, ids)``: the effect
+    happens after the call returned (in a thread, or when the caller iterates), so the record
+    said committed for a refund that had not happened yet, or never did (the future failed,
+    the map was never iterated), and every retry was refused as a duplicate. Like an awaitable
+    or a generator, it is refused: the call is ambiguous and pending work is cancelled."""
+    store = SQLiteStateStore(tmp_path / "state.db")
+    control = Control(Policy.from_yaml(POLICY), store)
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def send(payment_id: str) -> str:
+        gate.wait(10)
+        ran.append(payment_id)
+        return payment_id
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(gate.wait, 10)  # the pool is busy: the refund queued behind it
+
+        @protect("refund", control=control)
+        def refund(payment_id: str) -> Any:
+            if kind == "future":
+                return pool.submit(send, payment_id)
+            return (map if kind == "map" else filter)(send, [payment_id])
+
+        with context("bot"), pytest.raises(InvalidArgument, match="after the call is recorded"):
+            refund(payment_id="p1")
+        gate.set()
+    assert ran == []
+    assert state(store, "refund:p1") == "ambiguous"
+    store.close()
