@@ -28,7 +28,7 @@ from urllib.parse import quote
 import httpx
 
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.reconcile import ReconcileOutcome, evidenced
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
 
 from .base import EffectFacts
@@ -117,7 +117,7 @@ class DeclarativeReconciler(Remote):
     def __call__(self, facts: EffectFacts) -> ReconcileOutcome:
         verdict = self.settle(self._verdict(facts), facts)
         log.info("reconcile %s %s: %s (%s)", facts.action, facts.effect_key, *verdict)
-        return verdict[0]
+        return evidenced(*verdict)
 
     def _verdict(self, facts: EffectFacts) -> Verdict:
         args = facts.arguments

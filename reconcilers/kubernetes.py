@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.reconcile import ReconcileOutcome, evidenced
 
 from .base import EffectFacts
 from .http import (
@@ -145,7 +145,7 @@ class KubernetesReconciler(Remote):
         if facts is not None:
             verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
-        return verdict[0]
+        return evidenced(*verdict)
 
     def _read_token(self) -> str | None:
         if not self.token_file:

@@ -36,7 +36,7 @@ import httpx
 from ctrlrun.clocks import utc_now
 from ctrlrun.context import idempotency_token_for
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.reconcile import ReconcileOutcome
+from ctrlrun.reconcile import ReconcileOutcome, evidenced
 
 from .base import EffectFacts
 from .http import (
@@ -174,7 +174,7 @@ class StripeReconciler(Remote):
         if facts is not None:
             verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
-        return verdict[0]
+        return evidenced(*verdict)
 
     # -- the questions -----------------------------------------------------------------------
 

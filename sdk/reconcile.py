@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from . import budgets, ledger
 from .action import iso, parse_iso
@@ -40,6 +40,22 @@ ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 ReconcileHook = Callable[[str], ReconcileOutcome]
 ANSWERS = ("committed", "not_executed", "unknown")
 _AMBIGUOUS = EffectState.AMBIGUOUS.value
+
+
+class Evidenced(str):
+    """A reconciler's answer with what it read to reach it, recorded on the answer's event."""
+
+    evidence: str
+
+    def __new__(cls, answer: ReconcileOutcome, evidence: str) -> Evidenced:
+        made = super().__new__(cls, answer)
+        made.evidence = evidence
+        return made
+
+
+def evidenced(answer: ReconcileOutcome, evidence: str) -> ReconcileOutcome:
+    """``answer`` carrying ``evidence`` (still equal to the plain string)."""
+    return cast(ReconcileOutcome, Evidenced(answer, evidence))
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,12 @@ def judge(raw: Any, error: BaseException | None = None) -> tuple[str, dict[str, 
         detail = describe(error)[:500]
         return "unknown", {"outcome": "unknown", "reason": "raised", "error": detail}
     if isinstance(raw, str) and raw in ANSWERS:
-        return raw, {"outcome": raw}
+        answer = str(raw)
+        evidence = getattr(raw, "evidence", None)
+        if isinstance(evidence, str) and evidence:
+            # A record moved carries what moved it (an ``unknown``, what it could not prove).
+            return answer, {"outcome": answer, "evidence": redact(evidence)[:300]}
+        return answer, {"outcome": answer}
     return "unknown", {
         "outcome": "unknown",
         "reason": "invalid_return",

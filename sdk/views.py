@@ -76,6 +76,8 @@ def event_line(e: TimelineEvent) -> str:
         detail = f"trigger={e.data.get('trigger', '-')}"
     elif e.type == "RECONCILIATION_RESOLVED":
         detail = str(e.data.get("outcome"))
+        if e.data.get("evidence"):
+            detail += f" ({e.data['evidence']})"
         if e.data.get("reason"):
             detail += f" ({e.data['reason']}: {e.data.get('error', '')})"
     else:

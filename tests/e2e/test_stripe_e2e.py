@@ -143,7 +143,13 @@ def test_lost_reply_is_reconciled_committed_and_the_retry_refused(
     ]
     events = events_for(lines, key)
     assert ("RECONCILIATION_STARTED", {"effect_key": key, "trigger": "eager"}) in events
-    assert ("RECONCILIATION_RESOLVED", {"outcome": "committed"}) in events
+    assert (
+        "RECONCILIATION_RESOLVED",
+        {
+            "outcome": "committed",
+            "evidence": "a refund.created event carries the attempt's Idempotency-Key",
+        },
+    ) in events
 
 
 def test_lost_reply_without_a_reconciler_stays_ambiguous(plain: Sidecar, fake: FakeStripe) -> None:

@@ -16,10 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sweep_support import POLICY, events_of, stuck
 
+from ctrlrun import Control, Policy, SQLiteStateStore, ledger
+from ctrlrun.action import utc_now
 from ctrlrun.reconcilers import (
     Check,
     DeclarativeReconciler,
@@ -27,6 +31,7 @@ from ctrlrun.reconcilers import (
     KubernetesReconciler,
     StripeReconciler,
 )
+from ctrlrun.reconcilers.sweep import sweep
 
 HTML = b"<html><body><h1>Not Found</h1>nginx</body></html>"
 
@@ -563,3 +568,43 @@ def test_a_key_value_cannot_steer_the_lookup_to_another_path(
         assert target.startswith("/v1/invoices/") and target.count("/") == 3, target
     if value in ("..", "."):
         assert answer == "unknown" and not server.targets
+
+
+# -- what a moved record carries -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "state", "evidence"),
+    [
+        pytest.param(
+            js(200, {**scale_object(6), "metadata": {"name": "web000", "namespace": "default"}}),
+            "committed",
+            "spec.replicas is 6",
+            id="moved",
+        ),
+        pytest.param(html(404), "ambiguous", "not the apiserver's word", id="left"),
+    ],
+)
+def test_the_answer_recorded_carries_what_the_reconciler_read(
+    remote: Callable[[Answerer], LyingRemote],
+    tmp_path: Path,
+    reply: Script,
+    state: str,
+    evidence: str,
+) -> None:
+    """The sweep on a real SQLite ledger: the RECONCILIATION_RESOLVED event (what
+    ``ctrlrun receipts`` and ``inspect`` show) says why the record moved, or did not."""
+    server = remote(always(reply))
+    store = SQLiteStateStore(tmp_path / "state.db")
+    try:
+        control = Control(Policy.from_yaml(POLICY), store)
+        [key] = stuck(store, 1, utc_now() - timedelta(minutes=10), upstream="kube")
+        assert sweep(control, {"kube": kube(server.url)}, ask_now=True) == [
+            (key, "committed" if state == "committed" else "unknown")
+        ]
+        resolved = [d for t, d in events_of(store, key) if t == "RECONCILIATION_RESOLVED"]
+        assert len(resolved) == 1 and evidence in resolved[0]["evidence"], resolved
+        with store.reading() as conn:
+            assert ledger.get_effect_row(conn, key)["state"] == state
+    finally:
+        store.close()
