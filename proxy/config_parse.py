@@ -59,6 +59,7 @@ PROFILE_ONLY: dict[str, tuple[str, ...]] = {
     "routes": ("http",),
     "tools": MCP_PROFILES,
     "unmapped_tools": MCP_PROFILES,
+    "refuse_methods": MCP_PROFILES,
     "api_url": ("stripe-mcp",),
 }
 ROUTE_KEYS = frozenset({"method", "path", "action", "reconcile"})

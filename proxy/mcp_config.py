@@ -14,6 +14,12 @@ and effect keys cover a refund made through REST and one made through MCP. A too
 
 A call that gives an argument the entry does not name is refused: the remote would act on a
 value the policy never saw. Tools not listed follow ``unmapped_tools`` (deny by default).
+
+Every other MCP method passes undecided, as a read. Where a server's resources or prompts act
+(a ``resources/read`` that sends, a ``prompts/get`` that books), ``refuse_methods:`` lists the
+methods the sidecar refuses instead, with a receipt::
+
+    refuse_methods: [resources/read, prompts/get]
 """
 
 from __future__ import annotations
@@ -25,9 +31,24 @@ from typing import Any, Literal
 from ctrlrun.templates import Template, TemplateSyntaxError, parse_template
 from ctrlrun.yamlstrict import Where, YamlList, YamlMap, check_keys, expect_map, expect_str, show
 
+from .mcp_messages import CLIENT_METHODS
+
 MCP_PROFILES = ("mcp", "stripe-mcp")
 STRIPE_API = "https://api.stripe.com"
 TOOL_KEYS = ("action", "arguments", "effect")
+# What refuse_methods: may name: the client's methods but the session's own and tools/call.
+REFUSABLE = tuple(
+    sorted(
+        CLIENT_METHODS
+        - {
+            "initialize",
+            "notifications/initialized",
+            "ping",
+            "tools/call",
+            "notifications/cancelled",
+        }
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,7 @@ class McpSettings:
     tools: Mapping[str, McpTool] = field(default_factory=dict)
     unmapped_tools: Literal["deny", "allow"] = "deny"
     api_url: str | None = None  # stripe-mcp: the REST API its reconciler asks
+    refused_methods: frozenset[str] = frozenset()  # ``refuse_methods:``
 
 
 def _write(name: str, action: str, *aliases: tuple[str, tuple[str, ...]]) -> McpTool:
@@ -126,7 +148,24 @@ def parse_mcp(
         raise where.key(entry, "unmapped_tools").error(
             f"must be deny or allow, got {show(unmapped)}"
         )
-    return McpSettings(tools, "allow" if unmapped == "allow" else "deny", api_url)
+    refused = frozenset[str]()
+    if "refuse_methods" in entry:
+        refused = _methods(entry["refuse_methods"], where.key(entry, "refuse_methods"))
+    return McpSettings(tools, "allow" if unmapped == "allow" else "deny", api_url, refused)
+
+
+def _methods(value: Any, where: Where) -> frozenset[str]:
+    """The methods of ``refuse_methods:``: MCP client methods, but the session's own and
+    ``tools/call`` (which ``tools:`` decides)."""
+    if not isinstance(value, YamlList):
+        raise where.error(f"must be a list of MCP methods, got {show(value)}")
+    names = [expect_str(item, where.index(value, i)) for i, item in enumerate(value)]
+    for i, name in enumerate(names):
+        if name not in REFUSABLE:
+            raise where.index(value, i).error(
+                f"{name!r} is not a method refuse_methods can name (one of {', '.join(REFUSABLE)})"
+            )
+    return frozenset(names)
 
 
 def parse_tool(name: str, value: Any, where: Where, actions: Collection[str]) -> McpTool:

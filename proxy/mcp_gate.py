@@ -44,6 +44,7 @@ from .mcp_messages import (
     tool_call,
     tool_error,
 )
+from .mcp_methods import refuse_method, refused_method
 from .mcp_sessions import HEADER, Sessions, header
 from .refusals import Refusal
 from .route_values import (
@@ -121,6 +122,12 @@ class McpGate:
             return _protocol(exc)
         batch = isinstance(messages, list)
         items = messages if isinstance(messages, list) else [messages]
+        refused = refused_method(up, items)
+        if refused is not None:
+            status, hdrs, body, decision = await refuse_method(
+                self.guard, up, items, refused, principal
+            )
+            return McpHandled(status, hdrs, body, (decision,))
         keys = request_keys(up.name, request.headers, items)
         busy = self.flight.busy(keys)
         if busy is not None:

@@ -20,8 +20,12 @@ import pytest
 from harness import Sidecar, start_sidecar
 from mcp.shared.exceptions import McpError
 from mcp.types import INVALID_PARAMS, Completion, ErrorData
+from mcp_support import ledger_json, session
+from pydantic import AnyUrl
 from test_mcp_wire import Raw, call
 
+from ctrlrun.errors import PolicyError
+from ctrlrun.proxy.config_parse import policy_from_yaml
 from ctrlrun.proxy.mcp_flight import id_key
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.stripe_mcp import FakeStripeMcp
@@ -260,3 +264,68 @@ def test_a_request_naming_two_sessions_is_refused(raw: Raw, orders: Orders) -> N
     assert len(orders.server.received) == before  # nothing forwarded
     one = raw.post(b'{"jsonrpc":"2.0","id":9,"method":"ping"}')
     assert one.status_code == 200, one.text
+
+
+REFUSING = POLICY + "    refuse_methods: [resources/read, prompts/get]\n"
+
+
+@pytest.fixture
+def acting(fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[tuple[FakeStripeMcp, list[str]]]:
+    """A FastMCP server whose resource and prompt act (they send an invoice)."""
+    server = FakeStripeMcp(fakes[0])
+    sent: list[str] = []
+
+    @server.mcp.resource("invoices://{invoice}/send")
+    def send_invoice(invoice: str) -> str:
+        sent.append(invoice)
+        return f"sent {invoice}"
+
+    @server.mcp.prompt()
+    def remind(invoice: str) -> str:
+        sent.append(f"reminded {invoice}")
+        return f"remind {invoice}"
+
+    with server:
+        yield server, sent
+
+
+def test_methods_the_upstream_refuses_are_refused_with_a_receipt(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], acting: Any
+) -> None:
+    server, sent = acting
+    text = REFUSING.format(url=server.url)
+    sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
+    try:
+
+        async def agent() -> list[str]:
+            async with session(server.url, sc.proxy_url) as s:
+                templates = await s.list_resource_templates()  # a read: passes
+                assert [t.name for t in templates.resourceTemplates] == ["send_invoice"]
+                errors = []
+                for ask in (
+                    s.read_resource(AnyUrl("invoices://in_1/send")),
+                    s.get_prompt("remind", {"invoice": "in_1"}),
+                ):
+                    with pytest.raises(McpError) as raised:
+                        await ask
+                    errors.append(raised.value.error.message)
+                return errors
+
+        errors = asyncio.run(agent())
+        assert all(e.startswith("ctrlrun: upstream 'orders' refuses") for e in errors), errors
+        assert sent == []  # nothing reached the server
+        denied = [r for r in ledger_json(sc) if r.get("action") == "orders.refused_method"]
+        assert [r["result"] for r in denied] == ["denied", "denied"], denied
+    finally:
+        sc.stop()
+
+
+@pytest.mark.parametrize("method", ["tools/call", "initialize", "ping", "Resources/read", 3])
+def test_refuse_methods_names_only_methods_it_can_refuse(method: Any) -> None:
+    text = REFUSING.format(url="http://127.0.0.1:1").replace("{{", "{").replace("}}", "}")
+    text = text.replace("resources/read", json.dumps(method))
+    with pytest.raises(PolicyError, match="refuse_methods"):
+        policy_from_yaml(text)
+    policy_from_yaml(
+        REFUSING.format(url="http://127.0.0.1:1").replace("{{", "{").replace("}}", "}")
+    )
