@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_support import run_cli
 
 from ctrlrun import (
     Control,
@@ -181,6 +182,16 @@ def test_a_clock_step_does_not_hand_a_running_call_in_another_process_to_a_retry
             refund(payment_id="p1", amount=100)
         assert refused.value.state == "in_progress"
         assert asked == []
+        if url.startswith("sqlite"):  # a sweep and a listing in a process whose clock stepped
+            step = {"CTRLRUN_CLOCK_OFFSET": "60"}
+            swept = run_cli(
+                ["reconcile", "--policy", str(holder.policy), "--store-url", url],
+                tmp_path,
+                env=step,
+            )
+            assert swept.code == 0, swept.err
+            listed = run_cli(["effects", "--store-url", url], tmp_path, env=step)
+            assert "refund:p1  executing  attempt 1" in listed.out, listed.out
         assert holder.finish() == "done"
     finally:
         holder.stop()
