@@ -107,10 +107,14 @@ class Reader:
             return Miss.UNKNOWN
         sent = self._wall() if self._wall is not None else None
         try:
+            # httpx's ``params=`` replaces a URL's own query (an empty list drops it): a
+            # declarative ``get: /v1/invoices?number={id}`` would list every invoice.
+            url = httpx.URL(self._base + path)
+            if params:
+                url = url.copy_merge_params(list(params))
             with self._client.stream(
                 "GET",
-                self._base + path,
-                params=list(params),
+                url,
                 headers=self._headers,
                 timeout=min(self._timeout, left),
             ) as response:

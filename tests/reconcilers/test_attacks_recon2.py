@@ -570,6 +570,20 @@ def test_a_key_value_cannot_steer_the_lookup_to_another_path(
         assert answer == "unknown" and not server.targets
 
 
+def test_a_lookup_by_query_asks_that_query(remote: Callable[[Answerer], LyingRemote]) -> None:
+    """``get: /v1/invoices?number={invoice_id}``: httpx's ``params=`` dropped the template's
+    query, so the lookup listed every invoice and judged the newest one, anyone's."""
+    server = remote(always(js(200, {"data": [{"number": "in_9", "status": "draft"}]})))
+    lookup = Check(
+        get="/v1/invoices?number={invoice_id}&limit=1",
+        committed={"data.0.status": "sent"},
+        not_executed={"data.0.status": "draft"},
+    )
+    hook = DeclarativeReconciler(server.url, [("billing.send_invoice", lookup)])
+    hook(facts("billing.send_invoice", {"invoice_id": "in 1&number=in_9"}))
+    assert server.targets == ["/v1/invoices?number=in%201%26number%3Din_9&limit=1"]
+
+
 # -- what a moved record carries -------------------------------------------------------------
 
 
