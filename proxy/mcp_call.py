@@ -7,6 +7,7 @@ JSON-RPC response in place of the status line::
     nothing was sent                                                      failed
     a result                                                              committed
     a result with isError (the tool may have acted before it failed)      ambiguous
+    a task created to run it (a task-augmented call: it has only begun)   ambiguous
     a JSON-RPC error the server gives before running (-32700..-32602)     failed
     any other error, or no 2xx                                            as the HTTP table
 
@@ -73,7 +74,9 @@ def classify_call(reply: Forwarded, call: ToolCall) -> tuple[Outcome, Any]:
         code = error.get("code") if isinstance(error, dict) else None
         return ("failed" if code in NOT_RUN_CODES else "ambiguous"), response
     result = response.get("result")
-    if isinstance(result, dict) and result.get("isError") is True:
+    if isinstance(result, dict) and (result.get("isError") is True or "task" in result):
+        # A task's handle (a call the client made task-augmented) says the tool has begun,
+        # not that it did what it was asked: it may yet fail, or be cancelled.
         return "ambiguous", response
     return "committed", response
 

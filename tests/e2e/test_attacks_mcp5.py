@@ -329,3 +329,54 @@ def test_refuse_methods_names_only_methods_it_can_refuse(method: Any) -> None:
     policy_from_yaml(
         REFUSING.format(url="http://127.0.0.1:1").replace("{{", "{").replace("}}", "}")
     )
+
+
+@pytest.fixture
+def tasking(fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[FakeStripeMcp]:
+    """A server that runs a task-augmented tool call as a task (the mcp SDK's lowlevel
+    tasks), answering at once with the task it created; the refund then fails."""
+    server = FakeStripeMcp(fakes[0], json_response=True)
+    low = server.mcp._mcp_server
+    low.experimental.enable_tasks()
+
+    @low.call_tool()
+    async def handle(name: str, arguments: dict[str, Any]) -> Any:
+        async def work(task: Any) -> Any:
+            await asyncio.sleep(0.2)
+            raise RuntimeError("the card issuer declined the refund")
+
+        return await low.request_context.experimental.run_task(work)
+
+    with server:
+        yield server
+
+
+def test_a_tool_call_run_as_a_task_is_not_recorded_committed(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], tasking: FakeStripeMcp
+) -> None:
+    sc = start_sidecar(
+        tmp_path, *fakes, policy_text=POLICY.format(url=tasking.url), in_process=True
+    )
+    try:
+        raw = Raw(tasking.url, sc.proxy_url)
+        raw.open()
+        message = call(1, "refund_order", order_id=7, amount=100)
+        message["params"]["task"] = {"ttl": 60000}
+        got = raw.post(json.dumps(message).encode())
+        assert got.status_code == 200, got.text
+        task = got.json()["result"]["task"]  # the server's own answer reaches the agent
+        asked = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tasks/get",
+            "params": {"taskId": task["taskId"]},
+        }
+        assert _until_sync(
+            lambda: raw.post(json.dumps(asked).encode()).json()["result"]["status"] == "failed"
+        )
+        rows = [r for r in ledger_json(sc) if r.get("action") == "orders.refund"]
+        assert [r["result"] for r in rows] == ["ambiguous"], rows  # not committed: it failed
+        again = raw.post(json.dumps(call(3, "refund_order", order_id=7, amount=100)).encode())
+        assert "ambiguous" in again.text, again.text  # until a human or a reconciler settles it
+    finally:
+        sc.stop()
