@@ -171,6 +171,9 @@ class StripeReconciler(Remote):
                 wall=utc_now if facts is None else facts.clock,
             ) as reader:
                 verdict = how(reader, arguments, _since(started_at), idempotency_keys)
+                unsure = action == "stripe.refund" and _unsure_of_account(credentials, arguments)
+                if verdict[0] == "not_executed" and unsure:
+                    verdict = _on_this_account(reader, arguments, verdict)
         if facts is not None:
             verdict = self.settle(verdict, facts)
         log.info("reconcile %s %s: %s (%s)", action, effect_key, *verdict)
@@ -323,6 +326,30 @@ def _event_object(event: dict[str, Any], keys: Collection[str]) -> dict[str, Any
         return None
     obj = data.get("object") if isinstance(data, dict) else None
     return obj if isinstance(obj, dict) else None
+
+
+def _unsure_of_account(credentials: Mapping[str, str] | None, args: Mapping[str, Any]) -> bool:
+    """Asked with a key of its own (not the request's) and no account id to name: whether
+    that key's account is the one the write acted on is not known."""
+    account = args.get("account")
+    named = isinstance(account, str) and account.startswith("acct_")
+    own = any(k.lower() == "authorization" and v for k, v in (credentials or {}).items())
+    return not named and not own
+
+
+def _on_this_account(reader: Reader, args: Mapping[str, Any], verdict: Verdict) -> Verdict:
+    """``verdict`` (no refund here) only if the payment itself is on the account asked: a
+    connected account's payment refunded with that account's own key is not on the platform's,
+    and its refund is not either."""
+    target = _payment(args)
+    if target is None:
+        return "unknown", "no payment among the arguments"
+    field, payment = target
+    kind = "payment_intents" if field == "payment_intent" else "charges"
+    found = reader.get(f"/v1/{kind}/{quote(payment, safe='')}")
+    if isinstance(found, dict) and found.get("id") == payment:
+        return verdict
+    return "unknown", "the payment is not on the account this key acts on: another key's refund"
 
 
 def _payment(args: Mapping[str, Any]) -> tuple[str, str] | None:

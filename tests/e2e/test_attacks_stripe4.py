@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,13 @@ from harness import POLICY, STRIPE_KEY, Sidecar, start_sidecar
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_support import receipt_meta, start_mcp_sidecar
+from sqlalchemy import update
 from stripe_support import outcome, refused
 from stripe_support import stripe_client as client_for
 
+from ctrlrun.action import iso, utc_now
 from ctrlrun.proxy.stripe_accounts import AccountBook
+from ctrlrun.schema import effects
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.stripe_mcp import FakeStripeMcp
 
@@ -179,3 +183,47 @@ def test_the_book_keeps_no_key_and_forgets_the_oldest() -> None:
     assert book.recall("other", "Bearer sk_test_key2") is None
     assert book.recall("stripe", "Basic sk_test_key2") is None  # another spelling: asked again
     assert "sk_test_key" not in repr(vars(book))
+
+
+@pytest.mark.parametrize(("key", "account", "applied", "found"), [
+    (OWN_KEY, "acct_A", True, "unknown"),  # the platform's key cannot see acct_A's refund
+    (OWN_KEY, "acct_A", False, "unknown"),  # nor its absence
+    (STRIPE_KEY, None, False, "not_executed"),  # the platform's payment, asked of the platform
+])  # fmt: skip
+def test_a_sweep_with_the_upstreams_key_proves_nothing_of_another_keys_account(
+    tmp_path: Path,
+    remotes: tuple[FakeStripe, FakeKubernetes],
+    fake: FakeStripe,
+    key: str,
+    account: str | None,
+    applied: bool,
+    found: str,
+) -> None:
+    # A policy that does not read account: the refund with acct_A's own key is "self"; after a
+    # restart only the upstream's api_key_env (the platform's key) is there to ask with.
+    pi = fake.add_payment_intent(amount=5000, account=account)["id"]
+    sc = start_sidecar(tmp_path, *remotes, reconcile="lazy")
+    try:
+        fake.fail_next("commit_then_drop" if applied else "reset_before")
+        lost = refused(lambda: refund(sc, pi, key=key))
+        assert lost.http_status == 504 and outcome(lost) == "upstream_ambiguous"
+    finally:
+        sc.stop()
+    assert len([r for r in fake.refunds_in(account) if r["payment_intent"] == pi]) == applied
+    effect_key = f"refund:{pi}"
+    past = iso(utc_now() - timedelta(seconds=300))  # the settle window is long over
+    store = sc.store()
+    try:
+        with store.transaction() as conn:
+            conn.execute(
+                update(effects)
+                .where(effects.c.effect_key == effect_key)
+                .values(attempt_started_at=past, updated_at=past, lease_expires_at=past)
+            )
+    finally:
+        store.close()
+
+    asked = sc.cli("reconcile", effect_key, "--store-url", sc.store_url, "--policy", str(sc.policy))
+
+    assert asked.returncode == 0 and asked.stdout.split() == [effect_key, found], asked
+    assert sc.effect_state(effect_key) == ("failed" if found == "not_executed" else "ambiguous")
