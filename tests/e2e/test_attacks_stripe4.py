@@ -227,3 +227,20 @@ def test_a_sweep_with_the_upstreams_key_proves_nothing_of_another_keys_account(
 
     assert asked.returncode == 0 and asked.stdout.split() == [effect_key, found], asked
     assert sc.effect_state(effect_key) == ("failed" if found == "not_executed" else "ambiguous")
+
+
+def test_the_own_key_spelt_as_basic_auth_is_the_same_account(sc: Sidecar, fake: FakeStripe) -> None:
+    pi = fake.add_payment_intent(amount=5000, account="acct_A")["id"]
+    assert refund(sc, pi, account="acct_A").amount == 100
+
+    basic = httpx.post(
+        f"{sc.stripe_base}/v1/refunds",
+        data={"payment_intent": pi, "amount": "100"},
+        auth=(OWN_KEY, ""),
+        timeout=15,
+        trust_env=False,
+    )
+
+    assert basic.status_code == 409, basic.text
+    assert basic.headers["X-Ctrlrun-Outcome"] == "duplicate"
+    assert [r["payment_intent"] for r in fake.refunds_in("acct_A")].count(pi) == 1
