@@ -16,8 +16,9 @@ never came back whole (the agent hung up, the server cut it) may still be answer
 whichever request then holds its id: its id stays held for the session. That table is
 bounded (``LIMIT``, least recent forgotten).
 
-Requests naming no session are held only when they are tool calls: without a session the
-``mcp`` SDK serves each request on a transport of its own (stateless, or an ``initialize``).
+Requests naming no session are not held: without a session the ``mcp`` SDK serves each
+request on a transport of its own (stateless mode, or an ``initialize``), and the TypeScript
+SDK refuses to reuse a stateless one, so two agents' stateless calls with id 1 share nothing.
 """
 
 from __future__ import annotations
@@ -52,13 +53,12 @@ def request_keys(
     upstream: str, headers: Mapping[str, str], items: Sequence[Mapping[str, Any]]
 ) -> list[Key | None]:
     """The key of each message a session's server routes answers by; None for the others
-    (notifications, responses, and requests of no session that are not tool calls)."""
+    (notifications, responses, and every message of no session)."""
     session = headers.get(HEADER, "")
     keys: list[Key | None] = []
     for message in items:
         rid = id_key(message.get("id")) if "method" in message else None
-        held = rid is not None and (session or message.get("method") == "tools/call")
-        keys.append((upstream, session, rid) if held and rid is not None else None)
+        keys.append((upstream, session, rid) if session and rid is not None else None)
     return keys
 
 
@@ -90,8 +90,6 @@ class InFlight:
         """The requests ended without their answer: a later one may still route by them."""
         for key in keys:
             self._held.discard(key)
-            if not key[1]:
-                continue  # no session: a transport of its own, that no later request shares
             self._lost[key] = None
             self._lost.move_to_end(key)
         while len(self._lost) > self.limit:

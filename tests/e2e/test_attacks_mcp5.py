@@ -380,3 +380,35 @@ def test_a_tool_call_run_as_a_task_is_not_recorded_committed(
         assert "ambiguous" in again.text, again.text  # until a human or a reconciler settles it
     finally:
         sc.stop()
+
+
+def test_stateless_sessions_calling_at_once_with_one_id_are_not_refused(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    # Without a session the server serves each request on a transport of its own (the mcp
+    # SDK's stateless mode; the TypeScript SDK refuses to reuse one): two agents' calls
+    # with id 1 share nothing there.
+    made = Orders(fakes[0], json_response=True)
+    made.server.mcp.settings.stateless_http = True
+    with made.server:
+        text = POLICY.format(url=made.server.url)
+        sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
+        try:
+
+            async def agent(order: int) -> Any:
+                async with session(made.server.url, sc.proxy_url) as s:
+                    return await s.call_tool("refund_order", {"order_id": order, "amount": 100})
+
+            async def both() -> list[Any]:
+                first = asyncio.create_task(agent(7))
+                assert await asyncio.to_thread(made.tool_started.wait, 15)
+                second = asyncio.create_task(agent(8))
+                await asyncio.sleep(0.5)
+                made.completed.set()
+                return list(await asyncio.gather(first, second))
+
+            results = asyncio.run(both())
+            assert [r.isError for r in results] == [False, False], results
+            assert sorted(made.refunds) == [(7, 100), (8, 100)]
+        finally:
+            sc.stop()
