@@ -165,7 +165,7 @@ class Notifier:
         if ok:
             if hook.target in self._failing:
                 self._failing.discard(hook.target)
-                log.info("notify: %s answers again", hook.url)
+                log.info("notify: %s answers again", hook.shown)
             return True
         self._failed(hook, why)
         return False
@@ -175,7 +175,7 @@ class Notifier:
             self.on_failure(hook)
         if hook.target not in self._failing:  # one line per change of state, not per try
             self._failing.add(hook.target)
-            log.warning("notify: %s %s; retrying with backoff", hook.url, why)
+            log.warning("notify: %s %s; retrying with backoff", hook.shown, why)
         with self.store.transaction() as conn:
             now = self.store.clock()
             failures = int(

@@ -67,17 +67,35 @@ class Webhook:
         """Its cursor's name in the ledger: the same webhook on every sidecar."""
         return "wh_" + hashlib.sha256(self.url.encode("utf-8")).hexdigest()[:32]
 
+    @property
+    def shown(self) -> str:
+        """The webhook as a log line or a metric names it: its scheme and host, and its cursor.
+
+        A receiver's URL is often its credential (Slack's and Discord's carry a token in the
+        path, others in the query), so neither its path nor its query is ever shown."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port is not None else ""
+        return f"{parts.scheme}://{host}{port}/... ({self.target[:11]})"
+
     def secret(self) -> bytes:
         value = os.environ.get(self.secret_env, "")
         if not value:
-            raise PolicyError(f"notify: ${self.secret_env} (the secret of {self.url}) is not set")
+            raise PolicyError(f"notify: ${self.secret_env} (the secret of {self.shown}) is not set")
         return value.encode("utf-8")
 
 
 def _url(value: Any, where: Where) -> str:
     parts = urlsplit(value) if isinstance(value, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise where.error(f"must be an http(s) URL, got {show(value)}")
+    try:
+        port_ok = parts is not None and (parts.port is None or parts.port > 0)
+    except ValueError:
+        port_ok = False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        # Not echoed: a receiver's URL can be its credential.
+        what = f"scheme {show(parts.scheme)}" if parts is not None else show(type(value).__name__)
+        raise where.error(f"must be an http(s) URL with a host, got {what}")
     return str(value)
 
 

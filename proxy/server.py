@@ -291,7 +291,7 @@ def _notifier(sidecar: Sidecar, metrics: Metrics) -> Notifier | None:
         return None
     failed = metrics.notify_failures
     return Notifier(
-        sidecar.store, sidecar.hooks, on_failure=lambda h: failed.labels(url=h.url).inc()
+        sidecar.store, sidecar.hooks, on_failure=lambda h: failed.labels(url=h.shown).inc()
     ).start()
 
 

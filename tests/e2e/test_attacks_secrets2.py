@@ -1,0 +1,117 @@
+"""Secrets that ride elsewhere than a request's headers: a webhook receiver's URL (Slack's and
+Discord's carry their token in the path, others in the query). It never
+reaches the proxy's log, ``/metrics``, or a command's output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import POLICY, clean_env, free_port, start_sidecar
+
+from ctrlrun.testing import FakeKubernetes, FakeStripe
+
+pytestmark = pytest.mark.timeout(120)
+PATH_TOKEN = "hookpathtoken7Qe1x9"
+QUERY_TOKEN = "hookquerytoken4Lm2z8"
+WEBHOOK_SECRET = "whsec_secrets2_5b7c"
+
+
+class DownReceiver:
+    """A webhook receiver on loopback that answers every delivery 503, and counts them."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.tries += 1
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{port}/services/T01/B02/{PATH_TOKEN}?token={QUERY_TOKEN}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[DownReceiver]:
+    r = DownReceiver()
+    yield r
+    r.server.shutdown()
+
+
+def test_a_webhook_url_is_never_in_the_log_or_the_metrics(
+    tmp_path: Path, receiver: DownReceiver
+) -> None:
+    hook = (
+        f"notify:\n  - {{{{url: '{receiver.url}', secret_env: WEBHOOK_SECRET, format: slack}}}}\n"
+    )
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sc = start_sidecar(
+            tmp_path,
+            stripe,
+            kube,
+            policy_text=POLICY + hook,
+            admin=True,
+            env=clean_env(WEBHOOK_SECRET=WEBHOOK_SECRET),
+        )
+        try:
+            stripe.add_payment_intent("pi_big", 500_000)
+            asked = httpx.post(
+                f"{sc.stripe_base}/v1/refunds",
+                data={"payment_intent": "pi_big", "amount": "150000"},
+                headers={"Authorization": "Bearer sk_test_secrets2"},
+                timeout=10,
+            )
+            assert asked.headers["X-Ctrlrun-Outcome"] == "approval_required"
+            deadline = time.monotonic() + 15
+            metrics = ""
+            while time.monotonic() < deadline:
+                metrics = httpx.get(f"{sc.admin_url}/metrics", timeout=5).text
+                if receiver.tries and "ctrlrun_notify_failures_total{" in metrics:
+                    break
+                time.sleep(0.1)
+            assert receiver.tries >= 1 and "ctrlrun_notify_failures_total{" in metrics
+        finally:
+            assert sc.stop() == 0
+    log = sc.log.read_text()
+    assert "notify: http://127.0.0.1:" in log and "retrying with backoff" in log  # it was said
+    for secret in (PATH_TOKEN, QUERY_TOKEN, WEBHOOK_SECRET):
+        assert secret not in log and secret not in metrics
+
+
+def test_a_webhook_whose_secret_is_unset_is_refused_without_its_url(tmp_path: Path) -> None:
+    url = f"https://hooks.example.com/services/T01/B02/{PATH_TOKEN}"
+    policy = tmp_path / "ctrlrun.yaml"
+    policy.write_text(
+        "schema: ctrlrun.policy/v2\nactions: {}\n"
+        f"notify:\n  - {{url: '{url}', secret_env: SECRETS2_UNSET}}\n"
+        "upstreams:\n  api: {profile: http, url: 'http://127.0.0.1:9', "
+        f"listen: '127.0.0.1:{free_port()}'}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ctrlrun.cli", "proxy", "--policy", str(policy), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    assert done.returncode != 0 and "SECRETS2_UNSET" in done.stderr, done.stderr
+    assert PATH_TOKEN not in done.stdout + done.stderr
