@@ -57,16 +57,37 @@ def parse_store_url(url: str) -> URL:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number
         raise InvalidArgument(
-            f"not a store URL: {url!r} (use sqlite:///PATH or postgresql://…)"
+            f"not a store URL: {_unparsed(url)!r} (use sqlite:///PATH or postgresql://…)"
         ) from None
     if parsed.drivername.startswith("sqlite") and "?" in url:
         # The URL's query, not part of the name: "sqlite:///a?b.db" would name the file "a".
         raise InvalidArgument(
-            f"a sqlite store URL takes no query: {url!r} (write ? as %3F in a file name)"
+            f"a sqlite store URL takes no query: {_unparsed(url)!r} (write ? as %3F in a file name)"
         )
     return parsed
+
+
+def shown_url(url: URL) -> str:
+    """A store URL as a message or a log line shows it: its password masked, before the '@'
+    or in the query (libpq reads ``?password=`` and ``?sslpassword=`` as well)."""
+    from .redact import redact
+
+    return redact(url.render_as_string(hide_password=True))
+
+
+def _unparsed(url: str) -> str:
+    """A store URL that did not parse, as an error shows it: nothing before its last '@'
+    (where a password is), and no ``password=`` anywhere."""
+    from .redact import redact
+
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    elif "@" in scheme:
+        scheme = "***@" + scheme.rpartition("@")[2]
+    return redact(scheme + sep + rest)
 
 
 def sqlite_file(parsed: URL) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import NoSuchModuleError
 from . import identity as ident
 from .checkpoint import Checkpointer
 from .clocks import Clock, LedgerClock, Skew, utc_now
-from .config import clock_skew_bound, parse_store_url, sqlite_file, store_url
+from .config import clock_skew_bound, parse_store_url, shown_url, sqlite_file, store_url
 from .driver_errors import is_driver_error, map_driver_errors, one_line
 from .errors import ConnectionLost, InvalidArgument, MissingDependency, SchemaMismatch, StoreError
 from .freeze import FreezeCache
@@ -60,7 +60,7 @@ class StateStore:
     def __init__(self, engine: Engine, *, create: bool = True) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        self.location = engine.url.render_as_string(hide_password=True)
+        self.location = shown_url(engine.url)
         # The ledger's clock, that every decision about its records is judged on: on one host
         # the local clock (``PostgresStateStore`` replaces it with the database's).
         self.clock: Clock = utc_now

@@ -1,6 +1,6 @@
 """Secrets that ride elsewhere than a request's headers: a webhook receiver's URL (Slack's and
-Discord's carry their token in the path, others in the query). It never
-reaches the proxy's log, ``/metrics``, or a command's output."""
+Discord's carry their token in the path, others in the query), a ledger URL's password. None
+of them reaches the proxy's log, ``/metrics``, or a command's output."""
 
 from __future__ import annotations
 
@@ -115,3 +115,86 @@ def test_a_webhook_whose_secret_is_unset_is_refused_without_its_url(tmp_path: Pa
     )
     assert done.returncode != 0 and "SECRETS2_UNSET" in done.stderr, done.stderr
     assert PATH_TOKEN not in done.stdout + done.stderr
+
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+PG_PASSWORD = "pgquerypw3Vt6"
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database (trust auth: any password is accepted), dropped after."""
+    import secrets
+
+    psycopg = pytest.importorskip("psycopg")
+    name = f"ctrlrun_t_{secrets.token_hex(6)}"
+    try:
+        admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True, connect_timeout=3)
+    except psycopg.Error:
+        pytest.skip("PostgreSQL is not answering on 127.0.0.1:5432")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(f"{PG_SERVER}/test", autocommit=True, connect_timeout=3) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_ledger_password_in_the_url_query_is_never_shown(
+    tmp_path: Path, pg_database: str
+) -> None:
+    # libpq reads ?password= (and ?sslpassword=) as it reads the one before the '@'.
+    url = f"{PG_SERVER}/{pg_database}?password={PG_PASSWORD}&sslpassword={PG_PASSWORD}x"
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sc = start_sidecar(tmp_path, stripe, kube, store_url=url)
+        try:
+            said = [sc.start_line]
+            for command in (["doctor"], ["effects"], ["stats"]):
+                done = sc.cli(*command, "--store-url", url, timeout=30)
+                said.append(done.stdout + done.stderr)
+            gone = url.replace(pg_database, "ctrlrun_no_such_db")
+            done = subprocess.run(
+                [sys.executable, "-m", "ctrlrun.cli", "effects"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                cwd=tmp_path,
+                env=clean_env(CTRLRUN_STORE_URL=gone),
+            )
+            assert done.returncode != 0
+            said.append(done.stdout + done.stderr)
+        finally:
+            assert sc.stop() == 0
+    said.append(sc.log.read_text())
+    check = sc.cli("proxy", "--policy", str(sc.policy), "--check", "--store-url", url)  # ports free
+    said.append(check.stdout + check.stderr)
+    text = "\n".join(said)
+    assert f"ledger postgresql+psycopg://postgres@127.0.0.1:5432/{pg_database}?" in text, said[-1]
+    assert "password=***" in text and PG_PASSWORD not in text, text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql//u:{pw}@127.0.0.1/test",  # no ':' after the scheme
+        "postgresql:u:{pw}@127.0.0.1/test",
+        "postgresql://u:{pw}@127.0.0.1:54x2/test",  # a port that is no number
+        "postgresql://u:{pw}@[::1/test",
+        "sqlite:///state.db?password={pw}",
+    ],
+)
+def test_a_store_url_that_does_not_parse_is_one_line_without_its_password(
+    tmp_path: Path, url: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ctrlrun.cli", "effects", "--store-url", url.format(pw=PG_PASSWORD)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith("ctrlrun: ") and done.stderr.count("\n") == 1, done.stderr
+    assert PG_PASSWORD not in done.stderr
