@@ -412,3 +412,35 @@ def test_stateless_sessions_calling_at_once_with_one_id_are_not_refused(
             assert sorted(made.refunds) == [(7, 100), (8, 100)]
         finally:
             sc.stop()
+
+
+def test_escapes_in_the_method_and_the_tool_name_are_read_as_the_server_reads_them(
+    raw: Raw, orders: Orders
+) -> None:
+    orders.completed.set()
+    first = raw.post(json.dumps(call(1, "refund_order", order_id=7, amount=100)).encode())
+    assert not _messages(first)[-1]["result"]["isError"], first.text
+    for rid, body in enumerate(
+        (
+            '"method":"tools\\/call","params":{"name":"refund\\u005forder",',
+            '"method":"tools/c\\u0061ll","params":{"n\\u0061me":"refund_order",',
+        ),
+        start=2,
+    ):
+        raw_body = (
+            f'{{"jsonrpc":"2.0","id":{rid},{body}"arguments":{{"order_id":7,"amount":100}}}}}}'
+        )
+        got = raw.post(raw_body.encode())
+        assert "duplicate" in got.text, got.text
+    assert orders.refunds == [(7, 100)]
+
+
+def test_a_batch_of_two_calls_to_one_effect_runs_it_once(raw: Raw, orders: Orders) -> None:
+    orders.completed.set()
+    batch = [call(i, "refund_order", order_id=7, amount=100) for i in (1, 2)]
+    got = raw.post(json.dumps(batch).encode())
+    assert got.status_code == 200, got.text
+    answers = {a["id"]: a["result"] for a in got.json()}
+    assert not answers[1]["isError"], answers
+    assert answers[2]["_meta"]["com.ctrlrun/receipt"]["outcome"] == "duplicate", answers
+    assert orders.refunds == [(7, 100)]
