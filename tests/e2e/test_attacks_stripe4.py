@@ -244,3 +244,21 @@ def test_the_own_key_spelt_as_basic_auth_is_the_same_account(sc: Sidecar, fake: 
     assert basic.status_code == 409, basic.text
     assert basic.headers["X-Ctrlrun-Outcome"] == "duplicate"
     assert [r["payment_intent"] for r in fake.refunds_in("acct_A")].count(pi) == 1
+
+
+def test_the_legacy_charge_refund_with_the_own_key_is_the_same_refund(
+    sc: Sidecar, fake: FakeStripe
+) -> None:
+    paid = fake.add_payment_intent(amount=5000, account="acct_A")
+    assert refund(sc, paid["id"], account="acct_A").amount == 100
+
+    legacy = httpx.post(
+        f"{sc.stripe_base}/v1/charges/{paid['latest_charge']}/refund",
+        data={"amount": "100"},
+        headers={"Authorization": f"Bearer {OWN_KEY}"},
+        timeout=15,
+        trust_env=False,
+    )
+
+    assert legacy.status_code == 409 and legacy.headers["X-Ctrlrun-Outcome"] == "duplicate"
+    assert [r["payment_intent"] for r in fake.refunds_in("acct_A")].count(paid["id"]) == 1
