@@ -198,3 +198,37 @@ def test_a_store_url_that_does_not_parse_is_one_line_without_its_password(
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert done.stderr.startswith("ctrlrun: ") and done.stderr.count("\n") == 1, done.stderr
     assert PG_PASSWORD not in done.stderr
+
+
+MALFORMED_KEY = "sk_test_malformed9Hq2"
+
+
+def test_a_request_the_proxy_cannot_parse_is_not_echoed_into_its_log(tmp_path: Path) -> None:
+    """mitmproxy says why a request is malformed (its log); never with a header's value."""
+    from rawproxy import exchange
+
+    auth = f"Authorization: Bearer {MALFORMED_KEY}\r\nProxy-Authorization: Basic {MALFORMED_KEY}"
+    broken = [
+        f"POST /v1/refunds HTTP/1.1\r\nHost: x\r\n{auth}\r\nBad Header: {MALFORMED_KEY}\r\n\r\n",
+        f"POST /v1/refunds HTTP/1.1\r\nHost: x\r\n{auth}\r\n"
+        f"Content-Length: {MALFORMED_KEY}\r\n\r\n",
+        f"POST http://[{MALFORMED_KEY}/v1/refunds HTTP/1.1\r\n{auth}\r\n\r\n",
+        f"CONNECT {MALFORMED_KEY}:443 HTTP/1.1\r\n{auth}\r\n\r\n",
+        f"POST /v1/refunds HTTP/1.1\r\nHost: x\r\n{auth}\r\nX: a\x00{MALFORMED_KEY}\r\n\r\n",
+        f"GET /?api_key={MALFORMED_KEY} HTTP/9.9\r\n{auth}\r\n\r\n",
+    ]
+    with FakeStripe() as stripe, FakeKubernetes() as kube:
+        sc = start_sidecar(tmp_path, stripe, kube)
+        try:
+            answers = [exchange(sc.proxy_url, raw.encode("latin-1")) for raw in broken]
+            answers += [exchange(sc.stripe_base, raw.encode("latin-1")) for raw in broken[:2]]
+        finally:
+            assert sc.stop() == 0
+    log = sc.log.read_text()
+    assert MALFORMED_KEY not in log, log
+    # mitmproxy's own 400 page quotes a bad Content-Length or request line back to the client
+    # that sent it; that goes nowhere else.
+    statuses = [a.split(b"\r\n", 1)[0] for a in answers]
+    assert all(s in (b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 403 Forbidden") for s in statuses)
+    # ctrlrun's own refusals (403) do not quote the request either.
+    assert all(MALFORMED_KEY.encode() not in a for a in answers if b" 403 " in a[:20])
