@@ -92,7 +92,7 @@ async def own_account(
     reply = await forwarder.send(up, "GET", "/v1/account", asking, b"")
     if reply.status is None or reply.status >= 500 or reply.cut_short:
         return _unanswered(reply.error or f"HTTP {reply.status}", action)
-    if reply.status != 200:
+    if reply.status in (401, 403):
         return Refusal(
             "invalid_request",
             _REASON,
@@ -101,12 +101,31 @@ async def own_account(
             "access to the account, or name the account in Stripe-Account",
             action=action,
         )
-    found = _id(reply.body)
+    found = _id(reply.body) if reply.status == 200 else None
     if found is None:
-        return _unanswered("the answer is not an account", action)
+        # Stripe answers every key 200 (its account) or 401/403. Anything else is a server
+        # that speaks Stripe's writes but serves no GET /v1/account (a mock, a gateway):
+        # there a key's account cannot be learned, and a write is keyed as before, `self`.
+        _no_accounts(up.name, reply.status)
+        found = OWN_ACCOUNT
     if authorization:
         book.remember(up.name, authorization, found)
     return found
+
+
+_told: set[str] = set()
+
+
+def _no_accounts(upstream: str, status: int) -> None:
+    if upstream not in _told:
+        _told.add(upstream)
+        log.warning(
+            "upstream %s answered GET /v1/account with HTTP %s, not an account: writes without "
+            "Stripe-Account are keyed as account self (a connected account's own key and the "
+            "platform's key with Stripe-Account then key one payment twice)",
+            upstream,
+            status,
+        )
 
 
 def api_upstream(up: Upstream) -> Upstream | None:

@@ -5,10 +5,14 @@ without) is one account, so one payment is one effect whichever credential refun
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import threading
+import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -262,3 +266,66 @@ def test_the_legacy_charge_refund_with_the_own_key_is_the_same_refund(
 
     assert legacy.status_code == 409 and legacy.headers["X-Ctrlrun-Outcome"] == "duplicate"
     assert [r["payment_intent"] for r in fake.refunds_in("acct_A")].count(paid["id"]) == 1
+
+
+class _NoAccounts:
+    """A server that speaks Stripe's refunds but serves no ``GET /v1/account`` (a mock)."""
+
+    def __init__(self) -> None:
+        posts: list[str] = []
+        self.posts = posts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                posts.append(self.path)
+                pi = dict(urllib.parse.parse_qsl(body.decode()))["payment_intent"]
+                refund = {"id": f"re_{len(posts)}", "object": "refund", "amount": 100}
+                refund |= {"payment_intent": pi, "status": "succeeded", "currency": "usd"}
+                self._answer(200, refund)
+
+            def do_GET(self) -> None:
+                error = {"type": "invalid_request_error", "message": "Unrecognized request URL"}
+                self._answer(404, {"error": error})
+
+            def _answer(self, status: int, document: dict[str, Any]) -> None:
+                data = json.dumps(document).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_remote_without_the_account_endpoint_keys_writes_as_self(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    mock = _NoAccounts()
+    sidecar = start_sidecar(
+        tmp_path,
+        cast(FakeStripe, mock),  # only its url is read
+        remotes[1],
+        policy_text=ACCOUNT_POLICY,
+        reconcile="off",
+        in_process=True,
+    )
+    try:
+        assert refund(sidecar, "pi_mock_1").amount == 100
+        again = refused(lambda: refund(sidecar, "pi_mock_1"))
+        assert again.http_status == 409 and outcome(again) == "duplicate"
+        assert sidecar.effect_state("refund:self:pi_mock_1") == "committed"
+        assert mock.posts == ["/v1/refunds"]
+    finally:
+        sidecar.stop()
+        mock.close()
