@@ -102,10 +102,15 @@ async def own_account(
             action=action,
         )
     found = _id(reply.body) if reply.status == 200 else None
+    if found is None and reply.status not in (200, 404):
+        # A 429 (rate limited), a redirect, a 400: Stripe did not say, and may say later.
+        # Keyed as `self` now and as the account then, one payment would have two keys.
+        return _unanswered(f"HTTP {reply.status}", action)
     if found is None:
-        # Stripe answers every key 200 (its account) or 401/403. Anything else is a server
-        # that speaks Stripe's writes but serves no GET /v1/account (a mock, a gateway):
-        # there a key's account cannot be learned, and a write is keyed as before, `self`.
+        # Stripe names every key's account (200) or refuses the key (401/403). A 404, or a
+        # 200 that is no account, is a server that speaks Stripe's writes but serves no
+        # GET /v1/account (a mock): a key's account cannot be learned there, ever, and a
+        # write is keyed as before, `self`.
         _no_accounts(up.name, reply.status)
         found = OWN_ACCOUNT
     if authorization:

@@ -271,7 +271,7 @@ def test_the_legacy_charge_refund_with_the_own_key_is_the_same_refund(
 class _NoAccounts:
     """A server that speaks Stripe's refunds but serves no ``GET /v1/account`` (a mock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 404) -> None:
         posts: list[str] = []
         self.posts = posts
 
@@ -286,7 +286,7 @@ class _NoAccounts:
 
             def do_GET(self) -> None:
                 error = {"type": "invalid_request_error", "message": "Unrecognized request URL"}
-                self._answer(404, {"error": error})
+                self._answer(status, {"error": error})
 
             def _answer(self, status: int, document: dict[str, Any]) -> None:
                 data = json.dumps(document).encode()
@@ -326,6 +326,29 @@ def test_a_remote_without_the_account_endpoint_keys_writes_as_self(
         assert again.http_status == 409 and outcome(again) == "duplicate"
         assert sidecar.effect_state("refund:self:pi_mock_1") == "committed"
         assert mock.posts == ["/v1/refunds"]
+    finally:
+        sidecar.stop()
+        mock.close()
+
+
+def test_a_rate_limited_account_question_refuses_and_remembers_nothing(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
+) -> None:
+    mock = _NoAccounts(status=429)  # Stripe's rate limit: it did not say, and may say later
+    sidecar = start_sidecar(
+        tmp_path,
+        cast(FakeStripe, mock),  # only its url is read
+        remotes[1],
+        policy_text=ACCOUNT_POLICY,
+        reconcile="off",
+        in_process=True,
+    )
+    try:
+        for _ in range(2):  # not remembered as self: asked again, refused again
+            down = refused(lambda: refund(sidecar, "pi_mock_2"))
+            assert down.http_status == 503 and outcome(down) == "unavailable"
+        assert mock.posts == []  # nothing forwarded
+        assert sidecar.effect_state("refund:self:pi_mock_2") is None
     finally:
         sidecar.stop()
         mock.close()
