@@ -12,11 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import ByteRecorder
 
 from ctrlrun.receipts import load_receipts
-from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 
 class Billing:
@@ -93,13 +92,12 @@ def recorder_sidecar(
 @contextmanager
 def _sidecar_before(tmp_path: Path, policy: str, port: int) -> Iterator[Sidecar]:
     """An in-process sidecar whose policy is ``policy`` with PORT replaced by ``port``."""
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        policy_text = policy.replace("PORT", str(port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True)
-        try:
-            yield sc
-        finally:
-            sc.stop()
+    policy_text = policy.replace("PORT", str(port))
+    with (
+        fake_remotes() as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=policy_text, in_process=True) as sc,
+    ):
+        yield sc
 
 
 def receipts(sc: Sidecar) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -228,6 +228,31 @@ def start_sidecar(
     if admin_match:
         sc.admin_url = f"http://{admin_match[1]}:{admin_match[2]}"
     return sc
+
+
+@contextmanager
+def running_sidecar(
+    workdir: Path, stripe: FakeStripe, kube: FakeKubernetes, **options: Any
+) -> Iterator[Sidecar]:
+    """``start_sidecar(workdir, stripe, kube, **options)`` for the length of a block: stopped
+    (SIGTERM, or its in-process equivalent) however the block ends."""
+    sc = start_sidecar(workdir, stripe, kube, **options)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+@contextmanager
+def fake_remotes(
+    *deployments: str, replicas: int = 3, tls: bool = False
+) -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
+    """A fake Stripe and a fake Kubernetes on loopback for the length of a block, the cluster
+    holding a deployment of ``replicas`` in namespace ``default`` for each name given."""
+    with FakeStripe(tls=tls) as stripe, FakeKubernetes(tls=tls) as kube:
+        for name in deployments:
+            kube.add_deployment(namespace="default", name=name, replicas=replicas)
+        yield stripe, kube
 
 
 def _start_subprocess(

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Sidecar, free_port, start_sidecar
+from harness import Sidecar, fake_remotes, free_port, running_sidecar
 from rawproxy import Recorder, connect, plain
 
 from ctrlrun.receipts import load_receipts
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,20 +50,13 @@ egress:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes, Recorder]]:
-    with FakeStripe() as stripe, FakeKubernetes() as kube, Recorder() as site:
-        kube.add_deployment(namespace="default", name="checkout", replicas=3)
-        sc = start_sidecar(
-            tmp_path,
-            stripe,
-            kube,
-            policy_text=POLICY,
-            in_process=True,
-            env={"EGRESS_BOT_TOKEN": TOKEN},
-        )
-        try:
-            yield sc, kube, site
-        finally:
-            sc.stop()
+    env = {"EGRESS_BOT_TOKEN": TOKEN}
+    with (
+        fake_remotes("checkout") as (stripe, kube),
+        Recorder() as site,
+        running_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True, env=env) as sc,
+    ):
+        yield sc, kube, site
 
 
 def port_of(sc: Sidecar) -> int:
@@ -177,11 +170,10 @@ upstreams:
 
 
 def test_no_proxy_authorization_reaches_a_guarded_upstream_either(tmp_path: Path) -> None:
-    with FakeStripe() as stripe, FakeKubernetes() as kube, Recorder() as site:
+    with fake_remotes() as (stripe, kube), Recorder() as site:
         listen = free_port()
         text = GUARDED_SITE.replace("SITE", str(site.port)).replace("LISTEN", str(listen))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True)
-        try:
+        with running_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True) as sc:
             proxy, r = port_of(sc), site.port
             auth = {"Proxy-Authorization": CREDENTIAL}
             url = f"http://127.0.0.1:{r}"
@@ -193,7 +185,5 @@ def test_no_proxy_authorization_reaches_a_guarded_upstream_either(tmp_path: Path
             assert inside.status == 200
             direct = plain(listen, "POST", "/v", f"127.0.0.1:{listen}", headers=auth)
             assert direct.status == 200
-        finally:
-            sc.stop()
     assert [path for _, path, _ in site.seen] == ["/r", "/w", "/t", "/v"]
     assert all("proxy-authorization" not in headers for _, _, headers in site.seen)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
-from harness import KUBE_TOKEN, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, Sidecar, running_sidecar
 from kubernetes.client.rest import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
@@ -46,11 +46,8 @@ def incluster(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes]]:
     with FakeStripe() as stripe, FakeKubernetes(tls=True) as kube:
         kube.add_deployment(namespace="default", name="checkout", replicas=3)
         text = POLICY.replace("PORT", str(kube.port)).replace("CA", str(kube.ca_file))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True)
-        try:
+        with running_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True) as sc:
             yield sc, kube
-        finally:
-            sc.stop()
 
 
 def in_cluster_api(sc: Sidecar, kube: FakeKubernetes, secrets: Path) -> kubernetes.client.AppsV1Api:

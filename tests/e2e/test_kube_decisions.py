@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import start_sidecar
+from harness import fake_remotes, running_sidecar
 
 from ctrlrun.proxy.kube_result import changed, decide, with_precondition
 from ctrlrun.proxy.refusals import Refusal
 from ctrlrun.proxy.route_values import KubeWrite, Mapped
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes
 
 KUBECTL = shutil.which("kubectl")
 ARGS = {"cluster": "eu", "namespace": "prod", "deployment": "web", "workload": "deployment/web"}
@@ -175,13 +175,11 @@ CASES = [
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Any, FakeKubernetes]]:
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        kube.add_deployment("default", "checkout", 3)
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True)
-        try:
-            yield sc, kube
-        finally:
-            sc.stop()
+    with (
+        fake_remotes("checkout") as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True) as sc,
+    ):
+        yield sc, kube
 
 
 def kubectl_replicas(tmp_path: Path, live: dict[str, Any], kind: str, patch: Any) -> int:

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import plain
 
 from ctrlrun.receipts import load_receipts
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeKubernetes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,14 +50,11 @@ limits:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes]]:
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        for name in ("a", "b", "c"):
-            kube.add_deployment(namespace="default", name=name, replicas=1)
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True)
-        try:
-            yield sc, kube
-        finally:
-            sc.stop()
+    with (
+        fake_remotes("a", "b", "c", replicas=1) as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True) as sc,
+    ):
+        yield sc, kube
 
 
 def port_of(sc: Sidecar) -> int:

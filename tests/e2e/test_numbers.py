@@ -12,10 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import Recorder
-
-from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,13 +40,10 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, Recorder]]:
-    with Recorder() as billing, FakeStripe() as stripe, FakeKubernetes() as kube:
+    with Recorder() as billing, fake_remotes() as (stripe, kube):
         policy = POLICY.replace("PORT", str(billing.port))
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
+        with running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True) as sc:
             yield sc, billing
-        finally:
-            sc.stop()
 
 
 @pytest.mark.parametrize(

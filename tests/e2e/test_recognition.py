@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import Reply, client_tls, connect, plain
 
 from ctrlrun.receipts import load_receipts
@@ -77,13 +77,11 @@ def receipts(sc: Sidecar) -> list[dict[str, object]]:
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes]]:
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        kube.add_deployment(namespace="default", name="checkout", replicas=3)
-        sc = start_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True)
-        try:
-            yield sc, kube
-        finally:
-            sc.stop()
+    with (
+        fake_remotes("checkout") as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=POLICY, in_process=True) as sc,
+    ):
+        yield sc, kube
 
 
 def send(sc: Sidecar, kube: FakeKubernetes, how: str, host: str, replicas: int) -> Reply:
@@ -129,18 +127,9 @@ def guarded_tls(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes]]:
         text = POLICY.replace("url: {kube}", "url: https://localhost:{kube_port}").replace(
             "    cluster: prod-eu\n", f"    cluster: prod-eu\n    ca_file: {kube.ca_file}\n"
         )
-        port = kube.port
-        sc = start_sidecar(
-            tmp_path,
-            stripe,
-            kube,
-            policy_text=text.replace("{kube_port}", str(port)),
-            in_process=True,
-        )
-        try:
+        text = text.replace("{kube_port}", str(kube.port))
+        with running_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True) as sc:
             yield sc, kube
-        finally:
-            sc.stop()
 
 
 @pytest.mark.timeout(300)
