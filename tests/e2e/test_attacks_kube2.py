@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar
 from test_attacks_kube import MERGE, send
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -63,11 +63,8 @@ TOO_MANY = "?" + "&" * 10_000  # 10,001 parameters: Go's apiserver reads none of
 def test_a_query_too_long_for_go_is_refused(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], query: str
 ) -> None:
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True) as sidecar:
         refused(sidecar, fakes[1], SCALE + query)
-    finally:
-        sidecar.stop()
 
 
 ALLOW_UNMAPPED = POLICY.replace(
@@ -81,8 +78,7 @@ def test_a_command_run_through_the_node_proxy_is_refused_under_unmapped_writes_a
     # The kubelet's /run takes a POST with no Upgrade and runs ?cmd= in the container: under
     # unmapped_writes: allow it would be forwarded as an unmapped write, not decided as exec.
     kube = fakes[1]
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True) as sidecar:
         target = "/api/v1/nodes/node-1/proxy/run/default/checkout-0/app?cmd=rm+-rf+/data"
         status, got, text = send(sidecar.kube_base, "POST", target, [])
         assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
@@ -93,5 +89,3 @@ def test_a_command_run_through_the_node_proxy_is_refused_under_unmapped_writes_a
             sidecar.kube_base, "POST", "/api/v1/namespaces/default/configmaps", []
         )
         assert kube.count("POST") == 1
-    finally:
-        sidecar.stop()

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar
 from test_attacks_kube import send
 from test_attacks_kube2 import ALLOW_UNMAPPED
 from test_exec import raw_upgrade, read_head, receipts
@@ -58,8 +58,7 @@ def test_a_stream_option_go_drops_for_its_bad_escape_is_refused(
     kube.add_pod("default", "web-0")
     kube.add_pod("default", "db-0", containers=("db",))
     policy = POLICY.replace("upstreams:\n", DENY_LISTS, 1)
-    sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-    try:
+    with running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True) as sidecar:
         with raw_upgrade(sidecar.proxy_url, f"{kube.url}{target}", upgrade, "GET") as sock:
             head = read_head(sock)
         sessions = [(s.kind, s.command) for s in kube.sessions]
@@ -73,8 +72,6 @@ def test_a_stream_option_go_drops_for_its_bad_escape_is_refused(
         with raw_upgrade(sidecar.proxy_url, f"{kube.url}{plain}", upgrade, "GET") as sock:
             assert read_head(sock).startswith(b"HTTP/1.1 403")
         assert kube.sessions == []
-    finally:
-        sidecar.stop()
 
 
 DEBUGGER = {
@@ -122,8 +119,9 @@ def test_an_ephemeral_container_is_refused_under_unmapped_writes_allow(
     # which unmapped_writes: allow would forward undecided.
     stripe, kube = fakes
     kube.add_pod("default", "web-0")
-    sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=ALLOW_UNMAPPED, in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path, stripe, kube, policy_text=ALLOW_UNMAPPED, in_process=True
+    ) as sidecar:
         target = f"{PODS}/web-0/ephemeralcontainers"
         headers = [("Content-Type", content_type)]
         status, got, text = send(
@@ -132,8 +130,6 @@ def test_an_ephemeral_container_is_refused_under_unmapped_writes_allow(
         assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text, kube.sessions)
         assert status == 422 and b"exec" in text, text
         assert kube.sessions == [] and kube.count(method) == 0
-    finally:
-        sidecar.stop()
 
 
 @pytest.mark.parametrize(

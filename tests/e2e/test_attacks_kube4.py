@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, running_sidecar
 from test_attacks_kube import send
 from test_attacks_kube2 import ALLOW_UNMAPPED, DENY_SCALE
 from test_exec import read_head
@@ -38,10 +38,9 @@ def test_an_owner_that_is_not_there_is_refused_as_the_delete_it_is(
     # uid): an update adding such an owner is a delete of the deployment, which the starter
     # policy denies, by way of k8s.update_deployment, which it allows.
     kube = fakes[1]
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path / "sc", *fakes, policy_text=STARTER_WITH_FAKES, in_process=True
-    )
-    try:
+    ) as sidecar:
         home = kubectl_home(sidecar, tmp_path)
         patch = json.dumps({"metadata": {"ownerReferences": [GHOST]}})
         done, _ = kubectl(home, "patch", "deployment/checkout", "--type=merge", "-p", patch)
@@ -52,8 +51,6 @@ def test_an_owner_that_is_not_there_is_refused_as_the_delete_it_is(
         done, _ = kubectl(home, "label", "deployment/checkout", "team=pay")
         assert done.returncode == 0, done.stderr
         assert kube.deployment("default", "checkout")["metadata"]["labels"]["team"] == "pay"
-    finally:
-        sidecar.stop()
 
 
 HPA = {
@@ -165,11 +162,8 @@ def allowing(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterat
     """A sidecar whose cluster upstream forwards unmapped writes (recorded, undecided)."""
     fakes[1].add_namespace("prod")
     fakes[1].add_pod("default", "web-0")
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True) as sidecar:
         yield sidecar
-    finally:
-        sidecar.stop()
 
 
 @pytest.mark.parametrize(("method", "path", "content_type", "body"), ROADS)
@@ -278,8 +272,7 @@ def test_a_dry_run_the_apiserver_does_not_accept_is_refused_before_asking(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], query: str
 ) -> None:
     kube = fakes[1]
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True) as sidecar:
         body = json.dumps(SCALE_TO_50).encode()
         status, got, text = send(
             sidecar.kube_base, "PATCH", f"{DEPLOY}/scale{query}", [("Content-Type", MERGE)], body
@@ -287,8 +280,6 @@ def test_a_dry_run_the_apiserver_does_not_accept_is_refused_before_asking(
         assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
         assert status == 422 and b"dryRun=All" in text
         assert kube.count("PATCH") == 0 and kube.replicas("default", "checkout") == 3
-    finally:
-        sidecar.stop()
 
 
 @pytest.mark.parametrize(
@@ -331,8 +322,7 @@ def test_a_denied_scale_spelt_as_another_patch_is_denied(
     outcome: str,
 ) -> None:
     kube = fakes[1]
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True) as sidecar:
         headers = [("Content-Type", content_type)]
         status, got, text = send(
             sidecar.kube_base, "PATCH", target, headers, json.dumps(body).encode()
@@ -340,8 +330,6 @@ def test_a_denied_scale_spelt_as_another_patch_is_denied(
         assert got.get("x-ctrlrun-outcome") == outcome, (status, text)
         assert kube.replicas("default", "checkout") == 3
         assert kube.count("PATCH") == 0  # ctrlrun's own questions persist nothing
-    finally:
-        sidecar.stop()
 
 
 def test_kubectl_autoscale_is_refused(
@@ -380,15 +368,12 @@ def test_a_port_forward_whose_streams_name_the_ports_cannot_name_others_in_the_q
     stripe, kube = fakes
     kube.add_pod("default", "db-0")
     policy = POLICY.replace("upstreams:\n", ONLY_8080, 1)
-    sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-    try:
+    with running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True) as sidecar:
         target = f"{kube.url}/api/v1/namespaces/default/pods/db-0/portforward?ports=8080"
         with socket_upgrade(sidecar.proxy_url, target, upgrade, protocol) as sock:
             head = read_head(sock)
         assert head.startswith(b"HTTP/1.1 422"), head
         assert b"X-Ctrlrun-Outcome: invalid_request" in head and kube.sessions == []
-    finally:
-        sidecar.stop()
 
 
 def socket_upgrade(proxy: str, target: str, upgrade: str, protocol: str) -> socket.socket:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, fake_remotes, running_sidecar
 from test_kubectl import KUBECONFIG, kubectl
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -32,14 +32,13 @@ upstreams:
 @pytest.fixture
 def allowing(tmp_path: Path) -> Any:
     """A sidecar whose policy allows exec, attach and port-forward, over a cluster with a pod."""
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
+    policy = POLICY.replace("upstreams:\n", ALLOW, 1)
+    with fake_remotes() as (stripe, kube):
         kube.add_pod("default", "web-0")
-        policy = POLICY.replace("upstreams:\n", ALLOW, 1)
-        sc = start_sidecar(tmp_path / "sc", stripe, kube, policy_text=policy, in_process=True)
-        try:
+        with running_sidecar(
+            tmp_path / "sc", stripe, kube, policy_text=policy, in_process=True
+        ) as sc:
             yield sc, kube
-        finally:
-            sc.stop()
 
 
 def receipts(sc: Sidecar) -> list[dict[str, Any]]:
@@ -292,8 +291,7 @@ def test_kubectl_exec_that_needs_a_human_runs_once_approved(
     _, kube = fakes
     kube.add_pod("default", "web-0")
     policy = POLICY.replace("upstreams:\n", "  k8s.exec:\n    decision: approve\nupstreams:\n", 1)
-    sc = start_sidecar(tmp_path / "sc", *fakes, policy_text=policy, in_process=True)
-    try:
+    with running_sidecar(tmp_path / "sc", *fakes, policy_text=policy, in_process=True) as sc:
         home = home_for(tmp_path, sc.kube_base)
         command = ("exec", "web-0", "--", "pg_dump", "shop")
         request_id = asked(kubectl(home, *command)[0])
@@ -305,5 +303,3 @@ def test_kubectl_exec_that_needs_a_human_runs_once_approved(
         assert done.returncode == 0, done.stderr
         assert [s.command[:2] for s in kube.sessions] == [("pg_dump", "shop")]
         assert receipts(sc)[-1]["result"] == "committed"
-    finally:
-        sc.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, running_sidecar
 from test_exec import ALLOW, receipts
 from test_kubectl import kubectl
 from test_streaming import first_added_after
@@ -55,13 +55,10 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sidecar, Fak
             ),
             1,
         )
-        sc = start_sidecar(
+        with running_sidecar(
             tmp_path_factory.mktemp("tls"), stripe, kube, policy_text=text, in_process=True
-        )
-        try:
+        ) as sc:
             yield sc, kube
-        finally:
-            sc.stop()
 
 
 def home_for(tmp_path: Path, sc: Sidecar, kube: FakeKubernetes) -> Path:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, running_sidecar
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
@@ -111,8 +111,9 @@ def test_kubectl_rerun_after_approve_succeeds_once_and_a_changed_command_asks_ag
 ) -> None:
     _, kube = fakes
     assert "decision: approve" in APPROVE_SCALES
-    sidecar = start_sidecar(tmp_path / "sc", *fakes, policy_text=APPROVE_SCALES, in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path / "sc", *fakes, policy_text=APPROVE_SCALES, in_process=True
+    ) as sidecar:
         home = tmp_path / "home"
         home.mkdir()
         config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
@@ -136,5 +137,3 @@ def test_kubectl_rerun_after_approve_succeeds_once_and_a_changed_command_asks_ag
         assert kube.writes_applied == 1
         receipts = sidecar.cli("receipts", "--store-url", sidecar.store_url).stdout
         assert "k8s.scale  approve/committed  scale:prod-eu:default:checkout:6" in receipts
-    finally:
-        sidecar.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, running_sidecar
 from test_kubectl import KUBECONFIG, kubectl
 
 from ctrlrun.starter import STARTER_POLICY
@@ -47,17 +47,14 @@ MANIFEST = {
 def setup(
     fakes: tuple[FakeStripe, FakeKubernetes], tmp_path: Path
 ) -> Iterator[tuple[Sidecar, FakeKubernetes, Path]]:
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path / "sc", *fakes, policy_text=STARTER_WITH_FAKES, in_process=True
-    )
-    home = tmp_path / "home"
-    home.mkdir()
-    config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
-    (home / "kubeconfig").write_text(config)
-    try:
+    ) as sidecar:
+        home = tmp_path / "home"
+        home.mkdir()
+        config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
+        (home / "kubeconfig").write_text(config)
         yield sidecar, fakes[1], home
-    finally:
-        sidecar.stop()
 
 
 def receipts(sidecar: Sidecar) -> list[dict[str, Any]]:
