@@ -82,12 +82,13 @@ class Recognizer:
         upstreams: Sequence[Upstream],
         *,
         resolve: Resolve = system_resolve,
-        ttl: float = DEFAULT_TTL,
+        ttl: float | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.upstreams = tuple(upstreams)
-        self._resolve, self.ttl, self._clock = resolve, ttl, clock
+        self._resolve, self._clock = resolve, clock
+        self.ttl = DEFAULT_TTL if ttl is None else ttl
         env = os.environ if environ is None else environ
         self._names = {(normalize(u.host), u.port): u for u in self.upstreams}
         self._hosts = {normalize(u.host) for u in self.upstreams}
@@ -114,6 +115,14 @@ class Recognizer:
         address = literal(name)
         cached = (address,) if address else self._cached(name)
         return bool(self._owners(cached or (), port))
+
+    def resolved(self, host: str) -> bool:
+        """Whether where ``host`` goes is known now (never waits): a literal, or a name whose
+        lookup has not expired. A tunnel's host that is neither must be intercepted: once its
+        lookup expired (and ``known`` had no room left to learn it), a name that reaches an
+        upstream would no longer be known to."""
+        name = normalize(host)
+        return literal(name) is not None or self._cached(name) is not None
 
     def known(self, host: str, port: int) -> Upstream | None:
         """The upstream ``host:port`` reaches, from what is already resolved (never waits)."""

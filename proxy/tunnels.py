@@ -74,6 +74,12 @@ class GuardedNextLayer(NextLayer):
         host, port = context.server.address[:2]
         if self.recognizer.known(str(host), int(port)) is not None:
             return False
+        if not self.recognizer.resolved(str(host)):
+            # A CONNECT to a pass-through is pinned to the address it was judged by; a name
+            # left here was an upstream's, or was never judged. Its lookup has expired (the
+            # agent waited before sending), so nothing says it is not an upstream: intercepted,
+            # its requests meet the gate, which resolves it again.
+            return False
         names: list[Any] = [self._get_host_header(context, data_client, data_server)]
         hello = self._get_client_hello(context, data_client)  # NeedsMoreData: asked again
         names += [hello.sni if hello else None, context.client.sni]
