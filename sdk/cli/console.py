@@ -90,9 +90,12 @@ def console(
     entry in the policy's `operators:` section names (read once, at start). Every approval,
     settlement and freeze is recorded under the operator's name, as `--as NAME` would be.
     Sessions live in this process (restart it and everyone logs in again); every form
-    carries a CSRF token. It listens on loopback; elsewhere only with --allow-remote, and
-    then over TLS: --tls-cert, or a TLS proxy in front and --public-url naming the address
-    operators open through it (the browser's Origin, and the Host if the proxy passes it on).
+    carries a CSRF token. Each login's pages, and its cookie, are under a secret path of
+    their own (/s/...), since browsers send a cookie to every port of its host; /approvals,
+    /ambiguous, /receipts and /freeze lead to the login, then to that page. It listens on
+    loopback; elsewhere only with --allow-remote, and then over TLS: --tls-cert, or a TLS
+    proxy in front and --public-url naming the address operators open through it (the
+    browser's Origin, and the Host if the proxy passes it on).
     It serves at most --max-connections connections at once: past them a new one is answered
     503 (over TLS, closed), so a flood of connections cannot make it start a thread for each.
 

@@ -7,8 +7,9 @@ names; every act is recorded under their name through the same kernel functions 
 calls. Standard library only (``http.server``), no script: it works with JavaScript off.
 
 Modules: ``server`` (start-up checks, the listener), ``routes`` (requests, sessions, CSRF),
-``auth`` (tokens and sessions), ``board`` (what the pages read), ``acts`` (what operators do),
-``pages`` and ``html`` (rendering), ``hints`` (what to check at the remote).
+``auth`` (tokens and sessions), ``scope`` (each login's secret path, where its cookie goes),
+``forms`` (what a POST carries), ``board`` (what the pages read), ``acts`` (what operators
+do), ``pages`` and ``html`` (rendering), ``hints`` (what to check at the remote).
 Imported only by the ``console`` command: ``import ctrlrun`` does not load it.
 """
 

@@ -37,6 +37,7 @@ class Session:
     csrf: str
     expires: float
     flash: list[str] = field(default_factory=list)
+    prefix: str = ""  # an operator's: the secret path its pages and cookie are under (scope)
 
     def csrf_ok(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(
@@ -97,12 +98,32 @@ class Sessions:
                 return None
             return found
 
+    def find(self, sids: list[str], *, prefix: str | None) -> Session | None:
+        """The first live session among ``sids`` (a browser may send several cookies of one
+        name: another server on the host may have set one): an operator's under ``prefix``,
+        or, when ``prefix`` is None, a login form's."""
+        for sid in sids:
+            found = self.get(sid)
+            if found is None:
+                continue
+            if prefix is None and found.operator is None:
+                return found
+            if (
+                prefix is not None
+                and found.operator is not None
+                and hmac.compare_digest(found.prefix.encode(), prefix.encode())
+            ):
+                return found
+        return None
+
     def start(self, operator: str | None) -> Session:
         """A new session: anonymous (for the login form) or an operator's."""
         ttl = self.ttl if operator is not None else self.anonymous_ttl
         new = Session(
             secrets.token_urlsafe(32), operator, secrets.token_urlsafe(32), self.clock() + ttl
         )
+        if operator is not None:
+            new.prefix = secrets.token_urlsafe(32)
         with self._lock:
             self._prune(anonymous=operator is None)
             self._by_id[new.sid] = new
@@ -158,9 +179,10 @@ class LoginGate:
             self._busy.discard(key)
 
 
-def cookie_header(sid: str, *, secure: bool, max_age: int | None = None) -> str:
-    """``Set-Cookie`` for the session: HttpOnly, SameSite=Strict, Path=/, Secure over TLS."""
-    parts = [f"{COOKIE}={sid}", "HttpOnly", "SameSite=Strict", "Path=/"]
+def cookie_header(sid: str, *, path: str, secure: bool, max_age: int | None = None) -> str:
+    """``Set-Cookie`` for the session: HttpOnly, SameSite=Strict, under ``path`` (an operator's
+    secret prefix, or the login form's), Secure over TLS."""
+    parts = [f"{COOKIE}={sid}", "HttpOnly", "SameSite=Strict", f"Path={path}"]
     if max_age is not None:
         parts.append(f"Max-Age={max_age}")
     if secure:
@@ -168,12 +190,19 @@ def cookie_header(sid: str, *, secure: bool, max_age: int | None = None) -> str:
     return "; ".join(parts)
 
 
+def session_ids(cookie_values: list[str]) -> list[str]:
+    """Every value of our cookie in the ``Cookie`` headers, in the order the browser sent them
+    (the longest path first), at most 20."""
+    found = []
+    for header in cookie_values:
+        for part in header.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and value:
+                found.append(value)
+    return found[:20]
+
+
 def session_id(cookie_value: str | None) -> str | None:
-    """Our session id in a ``Cookie`` header, if any."""
-    if not cookie_value:
-        return None
-    for part in cookie_value.split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == COOKIE and value:
-            return value
-    return None
+    """Our (first) session id in a ``Cookie`` or ``Set-Cookie`` header, if any."""
+    found = session_ids([cookie_value] if cookie_value else [])
+    return found[0] if found else None

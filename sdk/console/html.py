@@ -86,19 +86,21 @@ def document(
     here: str = "",
     operator: str | None = None,
     csrf: str = "",
+    base: str = "",
     counts: Mapping[str, int] | None = None,
     messages: Sequence[str] = (),
     errors: Sequence[str] = (),
 ) -> str:
-    """A whole page: the navigation (when logged in), messages, then ``body``."""
+    """A whole page: the navigation (when logged in, its links under the session's ``base``),
+    messages, then ``body``."""
     header = "<header><strong>ctrlrun console</strong>"
     if operator is not None:
         for path, label, count_key in NAV:
             n = (counts or {}).get(count_key or "", 0)
             badge = f'<span class="badge">{n}</span>' if n else ""
             here_cls = ' class="here"' if path == here else ""
-            header += f'<a href="{path}"{here_cls}>{e(label)}{badge}</a>'
-        logout = form("/logout", csrf, button("Log out"))
+            header += f'<a href="{e(base + path)}"{here_cls}>{e(label)}{badge}</a>'
+        logout = form(base + "/logout", csrf, button("Log out"))
         header += f'<span class="who">{e(operator)} {logout}</span>'
     header += "</header>"
     notes = "".join(f'<div class="flash" role="status">{e(m)}</div>' for m in messages)

@@ -11,7 +11,8 @@ from .board import Pending, Unsettled, shown_time
 from .html import arguments, button, e, form, hidden, table
 
 
-def login(csrf: str) -> str:
+def login(csrf: str, page: str = "/approvals") -> str:
+    """The login form; ``page`` is where it leads (a hidden field: one of the pages)."""
     # The name is typed, not chosen from a list: the page does not tell strangers who operates.
     inner = (
         '<label for="operator">Operator</label>'
@@ -19,7 +20,7 @@ def login(csrf: str) -> str:
         '<label for="token">Token</label>'
         '<input id="token" type="password" name="token" autocomplete="current-password" '
         "required>"
-        f"<p>{button('Log in', css_class='login')}</p>"
+        f"<p>{button('Log in', css_class='login')}</p>" + hidden("next", page)
     )
     intro = (
         "<p>Log in with your operator token: the value of the environment variable that "
@@ -30,13 +31,13 @@ def login(csrf: str) -> str:
     )
 
 
-def approvals(rows: Sequence[Pending], csrf: str) -> str:
+def approvals(rows: Sequence[Pending], csrf: str, base: str = "") -> str:
     cells = []
     for p in rows:
         user = f" for {e(p.user)}" if p.user else ""
         expiry = e(shown_time(p.expires_at)) + (' <span class="bad">expired</span>' * p.expired)
         answer = form(
-            "/approvals/answer",
+            base + "/approvals/answer",
             csrf,
             hidden("request_id", p.request_id)
             + button("Approve", name="decision", value="approve", css_class="approve")
@@ -62,11 +63,11 @@ def approvals(rows: Sequence[Pending], csrf: str) -> str:
     return intro + table("approvals", headers, cells, "no pending approvals")
 
 
-def ambiguous(rows: Sequence[Unsettled], csrf: str) -> str:
+def ambiguous(rows: Sequence[Unsettled], csrf: str, base: str = "") -> str:
     cells = []
     for u in rows:
         settle = form(
-            "/ambiguous/settle",
+            base + "/ambiguous/settle",
             csrf,
             hidden("effect_key", u.effect_key)
             + f'<textarea name="note" rows="2" required aria-label="note for {e(u.effect_key)}" '
@@ -138,14 +139,14 @@ def receipts(rows: Sequence[Receipt], report: ChainReport) -> str:
     return status + table("receipts", [*headers, "Receipt"], cells, "no receipts yet")
 
 
-def freeze(rows: Sequence[Freeze], csrf: str) -> str:
+def freeze(rows: Sequence[Freeze], csrf: str, base: str = "") -> str:
     cells = [
         [
             e("every action" if f.scope == ALL else f.scope),
             e(f.reason),
             e(f.frozen_by),
             e(shown_time(f.frozen_at)),
-            form("/unfreeze", csrf, hidden("scope", f.scope) + button("Unfreeze")),
+            form(base + "/unfreeze", csrf, hidden("scope", f.scope) + button("Unfreeze")),
         ]
         for f in rows
     ]
@@ -156,7 +157,7 @@ def freeze(rows: Sequence[Freeze], csrf: str) -> str:
         else '<p class="ok">Nothing is frozen.</p>'
     )
     new = form(
-        "/freeze",
+        base + "/freeze",
         csrf,
         '<label for="action">Action (empty: every action)</label>'
         '<input id="action" type="text" name="action" placeholder="e.g. stripe.refund">'

@@ -3,7 +3,8 @@
 Every request is checked in this order: the ``Host`` it names (a console on loopback answers
 only to its own names, so a DNS-rebinding page cannot reach it), then for a POST where it comes
 from (``Origin`` and ``Sec-Fetch-Site``, when the browser sends them, must be the console's
-own), the session cookie, and the form's CSRF token. A POST that fails any check is refused
+own), the session cookie (an operator's only under its own secret path, ``scope``), and the
+form's CSRF token. A POST that fails any check is refused
 before anything is read or written. GET never changes the ledger.
 
 ``Origin: null`` counts as no Origin: with ``Referrer-Policy: no-referrer`` a browser sends
@@ -23,12 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from ctrlrun.errors import CTRLRunError, InvalidArgument, StoreError
 from ctrlrun.store import StateStore
 
-from . import acts, auth, board, pages
+from . import acts, auth, board, forms, pages, scope
 from .html import CSS, document
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 64 * 1024  # bytes of a form
-CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # all but tab and line ends
 CONTROL_OR_LINE_END = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 HEADERS = {
     "Content-Security-Policy": (
@@ -49,8 +48,8 @@ HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
 }
-PAGES = {"/approvals": "Approvals", "/ambiguous": "Ambiguous effects"}
-PAGES |= {"/receipts": "Receipts", "/freeze": "Freeze"}
+TITLES = ("Approvals", "Ambiguous effects", "Receipts", "Freeze")
+PAGES = dict(zip(scope.PAGES, TITLES, strict=True))
 
 
 @dataclass
@@ -61,6 +60,7 @@ class Reply:
     body: str = ""
     content_type: str = "text/html; charset=utf-8"
     headers: dict[str, str] = field(default_factory=dict)
+    cookies: list[str] = field(default_factory=list)  # Set-Cookie values, one header each
 
 
 @dataclass
@@ -93,8 +93,8 @@ def one_line(text: str) -> str:
     return CONTROL_OR_LINE_END.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def redirect(to: str, **headers: str) -> Reply:
-    return Reply(303, "", headers={"Location": to, **headers})
+def redirect(to: str, cookies: list[str] | None = None) -> Reply:
+    return Reply(303, "", headers={"Location": to}, cookies=cookies or [])
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -122,7 +122,9 @@ class Handler(BaseHTTPRequestHandler):
             self._run(self._get)
 
     def do_POST(self) -> None:
-        form = self._form()  # read first: a body left unread would be taken for a request
+        # Read first: a body left unread would be taken for the next request.
+        form, read = forms.read(self.headers, self.rfile)
+        self.close_connection = self.close_connection or not read
         if self._serving():
             self._run(lambda app, path: self._post(app, path, form))
 
@@ -134,13 +136,20 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         return False
 
+    def end_headers(self) -> None:
+        # On every answer, http.server's own too (a request it cannot read, a method it lacks).
+        for name, value in HEADERS.items():
+            self.send_header(name, value)
+        super().end_headers()
+
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         # The method and path only: never the query, never a header (cookies stay out).
         path = urlsplit(getattr(self, "path", "") or "").path  # unset: an unreadable request
-        log.info("%s %s %s %s", self.address_string(), self.command or "-", path or "-", code)
+        shown = scope.shown(path) if path else "-"
+        log.info("%s %s %s %s", self.address_string(), self.command or "-", shown, code)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.info("%s %s", self.address_string(), format % args)
+        log.info("%s %s", self.address_string(), scope.redact(format % args))
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             reply = self._host_refusal(app) or route(app, path)
         except StoreError as exc:  # the ledger is down or lost: say so (its URL hides passwords)
-            log.error("console: %s %s: %s", self.command, path, exc)
+            log.error("console: %s %s: %s", self.command, scope.shown(path), exc)
             reply = Reply(503, document("Unavailable", "", errors=[str(exc)]))
         except Exception as exc:  # a bug: a page, a log line, no traceback out
             where = "; ".join(
@@ -158,7 +167,11 @@ class Handler(BaseHTTPRequestHandler):
                 for f in traceback.extract_tb(exc.__traceback__)[-3:]
             )
             log.error(
-                "console: %s %s failed: %s at %s", self.command, path, type(exc).__name__, where
+                "console: %s %s failed: %s at %s",
+                self.command,
+                scope.shown(path),
+                type(exc).__name__,
+                where,
             )
             reply = Reply(500, document("Error", "", errors=["The console failed; see its log."]))
         self._send(reply)
@@ -166,8 +179,10 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, reply: Reply) -> None:
         body = reply.body.encode("utf-8")
         self.send_response(reply.status)
-        for name, value in {**HEADERS, **reply.headers}.items():
+        for name, value in reply.headers.items():
             self.send_header(name, value)
+        for cookie in reply.cookies:
+            self.send_header("Set-Cookie", cookie)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -180,49 +195,61 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return Reply(421, "this console does not answer to that host name\n", "text/plain")
 
-    def _session(self, app: App) -> tuple[auth.Session | None, bool]:
-        """The request's live session, and whether it presented a cookie at all."""
-        sid = auth.session_id(self.headers.get("Cookie"))
-        return app.sessions.get(sid), sid is not None
+    def _session(self, app: App, prefix: str | None) -> tuple[auth.Session | None, bool]:
+        """The request's live session (an operator's under ``prefix``, a login form's when
+        None), and whether it presented a cookie at all."""
+        sids = auth.session_ids(self.headers.get_all("Cookie") or [])
+        return app.sessions.find(sids, prefix=prefix), bool(sids)
 
-    def _cookie(self, app: App, session: auth.Session) -> dict[str, str]:
-        return {"Set-Cookie": auth.cookie_header(session.sid, secure=app.secure_cookie)}
+    @staticmethod
+    def _cookie(app: App, session: auth.Session | None, path: str) -> str:
+        """The session's cookie under ``path``; for None, one that clears the cookie there."""
+        if session is None:
+            return auth.cookie_header("", path=path, secure=app.secure_cookie, max_age=0)
+        return auth.cookie_header(session.sid, path=path, secure=app.secure_cookie)
 
     # -- GET -----------------------------------------------------------------------------------
 
     def _get(self, app: App, path: str) -> Reply:
-        if path == "/console.css":  # no data in it: the login page needs it too
+        prefix, rest = scope.split(path)
+        if rest == "/console.css":  # no data in it: the login page needs it too
             return Reply(200, CSS, "text/css; charset=utf-8")
-        if path == "/favicon.ico":  # asked for by every browser: nothing, without a session
+        if rest == "/favicon.ico":  # asked for by every browser: nothing, without a session
             return Reply(204)
-        session, had_cookie = self._session(app)
-        if path == "/login":
-            return self._login_page(app, session, expired="expired" in (urlsplit(self.path).query))
-        if session is None or session.operator is None:
-            return redirect("/login?expired" if had_cookie and session is None else "/login")
-        if path == "/":
-            return redirect("/approvals")
-        if path not in PAGES:
-            return Reply(404, self._page(app, session, path, errors=[f"no page {path}"]))
+        query = urlsplit(self.path).query
+        if prefix is None:  # never an operator's cookie here: the documented addresses log in
+            if path == scope.LOGIN:
+                session, _ = self._session(app, None)
+                page, expired = scope.login_query(query)
+                return self._login_page(app, session, page=page, expired=expired)
+            return redirect(scope.to_login(path, expired=False))
+        session, had_cookie = self._session(app, prefix)
+        if session is None:
+            return redirect(scope.to_login(rest, expired=had_cookie))
+        if rest in ("/", scope.LOGIN):
+            return redirect(scope.base(prefix) + scope.login_query(query)[0])
+        if rest not in PAGES:
+            return Reply(404, self._page(app, session, rest, errors=[f"no page {rest}"]))
         messages, session.flash = session.flash, []
-        return Reply(200, self._page(app, session, path, messages=messages))
+        return Reply(200, self._page(app, session, rest, messages=messages))
 
     def _login_page(
         self,
         app: App,
         session: auth.Session | None,
         *,
+        page: str = scope.PAGES[0],
         expired: bool = False,
         errors: list[str] | None = None,
         status: int = 200,
     ) -> Reply:
-        if session is not None and session.operator is not None:
-            return redirect("/approvals")
+        """The login form, under the login form's session (a new one when ``session`` is
+        None), leading to ``page``."""
         fresh = session if session is not None else app.sessions.start(None)
         said = ["Your session has expired or ended: log in again."] if expired else []
-        body = pages.login(fresh.csrf)
+        body = pages.login(fresh.csrf, page)
         html = document("Log in", body, errors=[*said, *(errors or [])])
-        return Reply(status, html, headers=self._cookie(app, fresh))
+        return Reply(status, html, cookies=[self._cookie(app, fresh, scope.LOGIN)])
 
     def _page(
         self,
@@ -233,17 +260,17 @@ class Handler(BaseHTTPRequestHandler):
         messages: list[str] | None = None,
         errors: list[str] | None = None,
     ) -> str:
-        csrf = session.csrf
+        csrf, base = session.csrf, scope.base(session.prefix)
         with app.store.reading() as conn:
             n = board.counts(conn)
             if path == "/approvals":
-                body = pages.approvals(board.pending(conn, app.store.clock()), csrf)
+                body = pages.approvals(board.pending(conn, app.store.clock()), csrf, base)
             elif path == "/ambiguous":
-                body = pages.ambiguous(board.ambiguous(conn), csrf)
+                body = pages.ambiguous(board.ambiguous(conn), csrf, base)
             elif path == "/receipts":
                 body = pages.receipts(*board.receipts(conn))
             elif path == "/freeze":
-                body = pages.freeze(board.freezes(conn), csrf)
+                body = pages.freeze(board.freezes(conn), csrf, base)
             else:
                 body = ""
         return document(
@@ -252,6 +279,7 @@ class Handler(BaseHTTPRequestHandler):
             here=path,
             operator=session.operator,
             csrf=csrf,
+            base=base,
             counts={"pending": n.pending, "ambiguous": n.ambiguous, "frozen": n.frozen},
             messages=messages or [],
             errors=errors or [],
@@ -265,27 +293,25 @@ class Handler(BaseHTTPRequestHandler):
             return self._refused(refusal)
         if form is None:
             return self._refused("a form is expected (application/x-www-form-urlencoded)")
-        if any(CONTROL.search(value) for value in form.values()):
+        if any(forms.CONTROL.search(value) for value in form.values()):
             # No operator types one; PostgreSQL refuses NUL, which would read as a ledger down.
             return self._refused("the form holds a control character", 400)
-        session, _ = self._session(app)
+        prefix, rest = scope.split(path)
+        session, _ = self._session(app, prefix)
         if session is None:
-            if path == "/login":
+            if path == scope.LOGIN:
                 return self._login_page(
                     app, None, errors=["The login form expired: try again."], status=403
                 )
             return self._login_page(app, None, expired=True, status=401)
         if not session.csrf_ok(form.get("csrf")):
             return self._refused("the form's security token is missing or wrong")
-        if path == "/login":
+        if prefix is None:  # the login form's session: it can only log in
             return self._login(app, session, form)
-        if session.operator is None:
-            return self._login_page(app, session, errors=["Log in first."], status=401)
-        if path == "/logout":
+        if rest == "/logout":
             app.sessions.end(session.sid)
-            cleared = auth.cookie_header("", secure=app.secure_cookie, max_age=0)
-            return redirect("/login", **{"Set-Cookie": cleared})
-        return self._act(app, session, path, form)
+            return redirect(scope.LOGIN, [self._cookie(app, None, scope.base(prefix))])
+        return self._act(app, session, rest, form)
 
     def _origin_refusal(self, app: App) -> str | None:
         origin = self.headers.get("Origin")
@@ -301,44 +327,30 @@ class Handler(BaseHTTPRequestHandler):
         text = f"Refused: {why}. Nothing was changed; reload the page and try again."
         return Reply(status, document("Refused", "", errors=[text]))
 
-    def _form(self) -> dict[str, str] | None:
-        kind = self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            self.close_connection = True  # the body is not read: nothing else on this connection
-            return None
-        raw = self.rfile.read(length).decode("utf-8", errors="replace")
-        if kind != "application/x-www-form-urlencoded":
-            return None
-        try:
-            fields = parse_qs(raw, keep_blank_values=True, max_num_fields=20)
-        except ValueError:
-            return None
-        return {k: v[0] for k, v in fields.items()}
-
     def _login(self, app: App, session: auth.Session, form: Mapping[str, str]) -> Reply:
         name, token = form.get("operator", ""), form.get("token", "")
-        key = name if name in app.tokens else ""
+        key, page = name if name in app.tokens else "", scope.landing(form.get("next", ""))
         if not app.login_gate.enter(key):
             log.info("console: a login as %r was refused: another is being checked", key or "?")
             said = "Another login as this operator is being checked: wait a second, try again."
-            return self._login_page(app, session, errors=[said], status=429)
+            return self._login_page(app, session, page=page, errors=[said], status=429)
         try:
             if not token or not auth.token_matches(app.tokens, name, token):
                 time.sleep(app.login_delay)
                 log.info("console: a login as %r was refused", key or "?")
-                return self._login_page(
-                    app, session, errors=["Wrong operator or token."], status=401
-                )
+                said = "Wrong operator or token."
+                return self._login_page(app, session, page=page, errors=[said], status=401)
         finally:
             app.login_gate.leave(key)
         app.sessions.end(session.sid)
         fresh = app.sessions.start(name)
         log.info("console: %s logged in", name)
-        return redirect("/approvals", **self._cookie(app, fresh))
+        # Its cookie under its own prefix only; the login form's, and any left at Path=/ (by
+        # another server on this host, or an older console), cleared.
+        base = scope.base(fresh.prefix)
+        cookies = [self._cookie(app, fresh, base), self._cookie(app, None, scope.LOGIN)]
+        cookies.append(self._cookie(app, None, "/"))
+        return redirect(base + page, cookies)
 
     def _act(self, app: App, session: auth.Session, path: str, form: Mapping[str, str]) -> Reply:
         who = session.operator
@@ -356,7 +368,7 @@ class Handler(BaseHTTPRequestHandler):
             return Reply(status, self._page(app, session, back, errors=[str(exc)]))
         log.info("console: %s: %s", who, one_line(said))
         session.flash.append(said)
-        return redirect(back)
+        return redirect(scope.base(session.prefix) + back)
 
     def _page_or_bare(self, app: App, session: auth.Session, path: str, why: str) -> str:
         try:

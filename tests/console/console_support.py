@@ -179,14 +179,27 @@ def csrf_of(html: str) -> str:
 
 
 def login(c: httpx.Client, name: str = "alice", token: str | None = None) -> str:
-    """Log in; return the session's CSRF token (read from the page it lands on)."""
+    """Log in; return the session's CSRF token (read from the page it lands on). The client's
+    base URL then names the session's secret prefix (``/s/...``), as the browser's address
+    bar does: ``c.get("/approvals")`` asks for the session's page, where its cookie goes."""
+    c.base_url = c.base_url.copy_with(path="/")
     form = c.get("/login")
     assert form.status_code == 200
     done = c.post(
         "/login",
         data={"csrf": csrf_of(form.text), "operator": name, "token": token or TOKENS[name]},
     )
-    assert done.status_code == 303 and done.headers["location"] == "/approvals", done.text
+    assert done.status_code == 303, done.text
+    where = done.headers["location"]
+    assert where.startswith("/s/") and where.endswith("/approvals"), where
+    c.base_url = c.base_url.copy_with(path=where.removesuffix("/approvals"))
     page = c.get("/approvals")
     assert page.status_code == 200
     return csrf_of(page.text)
+
+
+def prefix_of(c: httpx.Client) -> str:
+    """The base path (``/s/...``) of the session the client logged in last."""
+    path = c.base_url.path.rstrip("/")
+    assert path.startswith("/s/"), path
+    return path

@@ -25,6 +25,7 @@ from console_support import (
     login,
     new_ledger,
     postgres_database,
+    prefix_of,
     running,
     self_signed,
 )
@@ -97,7 +98,8 @@ def test_no_page_is_served_without_a_login(lg: Ledger) -> None:
     with running(lg) as server, client(server) as c:
         for path in ["/", *PAGES, "/nowhere", "/approvals?x=1"]:
             got = c.get(path)
-            assert got.status_code == 303 and got.headers["location"] == "/login", path
+            assert got.status_code == 303, path
+            assert got.headers["location"] in ("/login", f"/login?next={path}"), path
             assert request_id not in got.text
         for path in ["/approvals/answer", "/freeze", "/ambiguous/settle", "/logout"]:
             c.cookies.clear()
@@ -135,14 +137,17 @@ def test_the_session_cookie_and_the_security_headers(lg: Ledger) -> None:
             "/login",
             data={"csrf": csrf_of(form.text), "operator": "alice", "token": TOKENS["alice"]},
         )
-        cookie = done.headers["set-cookie"]
+        cookie = done.headers.get_list("set-cookie")[0]
         flags = [part.strip() for part in cookie.split(";")]
         assert flags[0].startswith("ctrlrun_console=") and len(flags[0]) > 50
-        assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= set(flags[1:])
+        base = done.headers["location"].removesuffix("/approvals")  # the session's own path
+        assert {"HttpOnly", "SameSite=Strict", f"Path={base}"} <= set(flags[1:])
+        assert base.startswith("/s/") and len(base) > 40
+        assert "Path=/login" in before  # the login form's cookie: only for the login form
         assert "Secure" not in flags  # plain HTTP on loopback: a Secure cookie would never return
         assert flags[0] != before.split(";")[0]  # a new session id at login
         for path in ["/login", *PAGES, "/console.css"]:
-            got = c.get(path)
+            got = c.get(base + path)
             assert got.status_code == (303 if path == "/login" else 200), path
             csp = got.headers["content-security-policy"]
             assert "default-src 'self'" in csp and "script-src 'none'" in csp
@@ -193,7 +198,8 @@ def test_approve_and_deny_are_recorded_under_the_operator(lg: Ledger) -> None:
         done = alice.post(
             "/approvals/answer", data={"csrf": csrf_a, "request_id": first, "decision": "approve"}
         )
-        assert done.status_code == 303 and done.headers["location"] == "/approvals"
+        assert done.status_code == 303
+        assert done.headers["location"] == prefix_of(alice) + "/approvals"
         assert f"granted {first} by alice" in alice.get("/approvals").text
         denied = bob.post(
             "/approvals/answer", data={"csrf": csrf_b, "request_id": second, "decision": "deny"}
@@ -330,7 +336,7 @@ def test_an_expired_session_says_so_and_logout_ends_one(lg: Ledger) -> None:
         time.sleep(0.7)
         got = c.get("/approvals")
         assert got.status_code == 303 and got.headers["location"] == "/login?expired"
-        assert "Your session has expired" in c.get("/login?expired").text
+        assert "Your session has expired" in c.get(server.url + "/login?expired").text
         csrf = login(c)
         assert c.post("/logout", data={"csrf": csrf}).status_code == 303
         assert c.get("/approvals").status_code == 303
@@ -558,12 +564,13 @@ def test_behind_a_tls_proxy_its_public_origin_is_accepted(lg: Ledger) -> None:
             done = c.post("/login", data=creds, headers={**headers, **cookie_of(form)})
             assert done.status_code == 303, done.text
         session = {**passed_on, **cookie_of(done)}
+        base = done.headers["location"].removesuffix("/approvals")  # the session's own path
         c.cookies.clear()
-        page = c.get("/approvals", headers=session)
+        page = c.get(base + "/approvals", headers=session)
         answer = {"request_id": request_id, "decision": "approve", "csrf": csrf_of(page.text)}
         evil = {**session, "Origin": "https://evil.example"}
-        assert c.post("/approvals/answer", data=answer, headers=evil).status_code == 403
-        assert c.post("/approvals/answer", data=answer, headers=session).status_code == 303
+        assert c.post(base + "/approvals/answer", data=answer, headers=evil).status_code == 403
+        assert c.post(base + "/approvals/answer", data=answer, headers=session).status_code == 303
         assert c.get("/", headers={"Host": "evil.example"}).status_code == 421
     assert approval(lg, request_id)["status"] == "granted"
 

@@ -107,10 +107,16 @@ def test_tokens_are_read_from_the_environment() -> None:
 
 
 def test_the_cookie_and_reading_it_back() -> None:
-    assert auth.cookie_header("s1", secure=False) == (
-        "ctrlrun_console=s1; HttpOnly; SameSite=Strict; Path=/"
+    assert auth.cookie_header("s1", path="/s/p1", secure=False) == (
+        "ctrlrun_console=s1; HttpOnly; SameSite=Strict; Path=/s/p1"
     )
-    assert auth.cookie_header("s1", secure=True, max_age=0).endswith("Max-Age=0; Secure")
+    cleared = auth.cookie_header("s1", path="/login", secure=True, max_age=0)
+    assert cleared.endswith("Path=/login; Max-Age=0; Secure")
+    assert auth.session_ids(["ctrlrun_console=a; x=1; ctrlrun_console=b", "ctrlrun_console=c"]) == [
+        "a",
+        "b",
+        "c",
+    ]
     assert auth.session_id("a=1; ctrlrun_console=s2; b=3") == "s2"
     assert auth.session_id("other=1") is None and auth.session_id(None) is None
     assert auth.session_id("ctrlrun_console=") is None

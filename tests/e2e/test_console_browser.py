@@ -91,7 +91,8 @@ def resolution(sc: Sidecar, key: str) -> dict[str, Any]:
         store.close()
 
 
-def log_in(driver: Any, url: str, shots: Path) -> None:
+def log_in(driver: Any, url: str, shots: Path) -> str:
+    """Log in as alice; the session's own address (``.../s/PREFIX``), where its pages are."""
     from selenium.webdriver.common.by import By
 
     driver.get(url + "/approvals")  # no session: sent to the login page
@@ -101,6 +102,9 @@ def log_in(driver: Any, url: str, shots: Path) -> None:
     driver.find_element(By.ID, "token").send_keys(TOKEN)
     driver.find_element(By.CSS_SELECTOR, "button.login").click()
     wait_for(driver, "the approvals page", lambda d: d.current_url.endswith("/approvals"))
+    home = str(driver.current_url).removesuffix("/approvals")
+    assert home.startswith(url + "/s/"), home
+    return home
 
 
 def row_of(driver: Any, table: str, code: str) -> Any:
@@ -140,7 +144,7 @@ def test_an_operator_works_the_console_in_a_browser(
             # 1. The agent asks; the operator approves on the page; the re-sent refund goes through.
             pi = fake.add_payment_intent(amount=500_000)["id"]
             request_id = ask(agent, pi)
-            log_in(driver, console.url, shots)
+            home = log_in(driver, console.url, shots)
             row = row_of(driver, "approvals", request_id)
             assert pi in row.text and "e2e-agent" in row.text and "stripe.refund" in row.text
             screenshot(driver, shots, "approvals", "table#approvals")
@@ -162,7 +166,7 @@ def test_an_operator_works_the_console_in_a_browser(
             err = refused(lambda: refund(agent, lost_pi, 1000))
             assert err.http_status == 504 and outcome(err) == "upstream_ambiguous"
             assert sc.effect_state(key) == "ambiguous"
-            driver.get(console.url + "/ambiguous")
+            driver.get(home + "/ambiguous")
             row = row_of(driver, "ambiguous", key)
             (sent,) = [
                 ev["request"]["idempotency_key"]
@@ -189,13 +193,13 @@ def test_an_operator_works_the_console_in_a_browser(
             assert fake.count("POST", "/v1/refunds") == 2
 
             # 3. The receipts, with the chain's status.
-            driver.get(console.url + "/receipts")
+            driver.get(home + "/receipts")
             row_of(driver, "receipts", key)
             assert "Chain intact" in driver.find_element(By.ID, "chain").text
             screenshot(driver, shots, "receipts", "table#receipts")
 
             # 4. The freeze switch stops the agent; lifting it lets the agent on.
-            driver.get(console.url + "/freeze")
+            driver.get(home + "/freeze")
             driver.find_element(By.ID, "action").send_keys("stripe.refund")
             driver.find_element(By.ID, "reason").send_keys("refund loop, INC-412")
             driver.find_element(By.CSS_SELECTOR, "button.freeze").click()
@@ -214,12 +218,12 @@ def test_an_operator_works_the_console_in_a_browser(
             forged_pi = fake.add_payment_intent(amount=500_000)["id"]
             target = ask(agent, forged_pi)  # unfrozen: asked for approval again, not refused
             fields = {"request_id": target, "decision": "approve"}
-            with foreign_site(console.url, fields) as evil:
+            with foreign_site(home, fields) as evil:  # even one that knows the prefix
                 driver.get(evil)
                 driver.find_element(By.ID, "win").click()
                 wait_for(driver, "the refusal", lambda d: "Refused" in d.page_source)
             assert approval_status(sc, target) == ("pending", None)
-            driver.get(console.url + "/approvals")
+            driver.get(home + "/approvals")
             csrf = driver.find_element(By.NAME, "csrf").get_attribute("value")
             cookie = driver.get_cookie("ctrlrun_console")
             assert cookie and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
@@ -230,7 +234,7 @@ def test_an_operator_works_the_console_in_a_browser(
                 ({**fields, "csrf": csrf}, {"Origin": "http://evil.example"}),
             ]:
                 got = httpx.post(
-                    console.url + "/approvals/answer",
+                    home + "/approvals/answer",
                     data=data,
                     headers=headers,
                     cookies=jar,
