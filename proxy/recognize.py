@@ -92,12 +92,16 @@ class Recognizer:
         env = os.environ if environ is None else environ
         self._names = {(normalize(u.host), u.port): u for u in self.upstreams}
         self._hosts = {normalize(u.host) for u in self.upstreams}
-        # Every address an upstream has ever resolved to (bounded): an address it had a
-        # minute ago still reaches it for whoever kept it.
-        self._mine: dict[str, set[str]] = {u.name: set(cluster_aliases(u, env)) for u in upstreams}
+        # Its own addresses (a literal url, the in-cluster service), and the newest
+        # ``MAX_ADDRESSES`` it has resolved to, oldest first: an address it had a minute ago
+        # still reaches it for whoever kept it, and what it resolves to now always does.
+        self._own: dict[str, frozenset[str]] = {}
         for up in self.upstreams:
-            if literal(up.host):
-                self._mine[up.name].add(str(literal(up.host)))
+            address = literal(up.host)
+            self._own[up.name] = frozenset(
+                (*cluster_aliases(up, env), *([address] if address else []))
+            )
+        self._mine: dict[str, dict[str, None]] = {u.name: {} for u in self.upstreams}
         self._cache: dict[str, tuple[float, tuple[str, ...], tuple[str, ...]]] = {}
         self._pending: dict[str, asyncio.Future[tuple[str, ...]]] = {}
         self._unresolved: set[str] = set()
@@ -206,8 +210,11 @@ class Recognizer:
                 continue
             self._unresolved.discard(up.name)
             mine = self._mine[up.name]
-            if len(mine) < MAX_ADDRESSES:
-                mine.update(found)
+            for address in found:
+                mine.pop(address, None)
+                mine[address] = None  # the newest last
+            while len(mine) > MAX_ADDRESSES:
+                del mine[next(iter(mine))]  # the oldest goes
 
     async def _lookup(self, name: str) -> tuple[str, ...]:
         try:
@@ -236,4 +243,9 @@ class Recognizer:
 
     def _owners(self, found: Sequence[str], port: int) -> list[Upstream]:
         """The upstreams whose addresses (and port) ``found`` reaches."""
-        return [u for u in self.upstreams if u.port == port and self._mine[u.name] & set(found)]
+        return [
+            u
+            for u in self.upstreams
+            if u.port == port
+            and any(a in self._own[u.name] or a in self._mine[u.name] for a in found)
+        ]

@@ -76,3 +76,60 @@ def test_a_pass_through_tunnel_pinned_to_its_address_is_still_untouched(
     # The same pinned tunnel whose request names the upstream is intercepted (and refused).
     named = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8088\r\n\r\n"
     assert rule._ignore_connection(context(("192.0.2.7", 8088)), named, b"") is False
+
+
+# -- an upstream whose DNS keeps moving --------------------------------------------------
+# Every address an upstream resolved to was remembered, up to 256; past that, new ones were
+# not: a sidecar in front of a load-balanced API whose addresses rotate took the address the
+# upstream's name resolved to at that moment for another server, so a write to it went
+# through unguarded. The newest addresses are kept now, the oldest forgotten.
+
+NAMED = Upstream("stripe", "stripe", "https://api.stripe.com", "https", "api.stripe.com", 443)
+
+
+class Rotating:
+    """api.stripe.com at a new address on every lookup."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def address(self, turn: int) -> str:
+        return f"54.187.{turn // 250}.{turn % 250 + 1}"
+
+    async def __call__(self, name: str) -> tuple[str, ...]:
+        if name != "api.stripe.com":
+            raise OSError(f"{name}: no such host")
+        return (self.address(self.turn),)
+
+
+def test_what_a_rotating_upstream_resolves_to_now_is_always_that_upstream() -> None:
+    resolver, clock = Rotating(), Clock()
+    rec = Recognizer([NAMED], resolve=resolver, clock=clock, ttl=30.0, environ={})
+
+    async def rotate() -> None:
+        for turn in range(recognize.MAX_ADDRESSES + 50):
+            resolver.turn = turn
+            clock.now += 31  # its lookup expired: the name is asked again
+            got = await rec.destination(resolver.address(turn), 443)
+            assert got.upstream is NAMED, turn
+        # A recent address still is; the oldest are forgotten (at most MAX_ADDRESSES kept).
+        assert (await rec.destination(resolver.address(turn - 10), 443)).upstream is NAMED
+        clock.now += 31
+        assert (await rec.destination(resolver.address(0), 443)).upstream is None
+
+    asyncio.run(rotate())
+
+
+def test_an_upstreams_own_literal_address_is_never_forgotten() -> None:
+    resolver, clock = Rotating(), Clock()
+    rec = Recognizer([NAMED, UP], resolve=resolver, clock=clock, ttl=30.0, environ={})
+
+    async def rotate() -> None:
+        for turn in range(recognize.MAX_ADDRESSES + 5):
+            resolver.turn = turn
+            clock.now += 31
+            await rec.refresh()
+        assert (await rec.destination("127.0.0.1", 8088)).upstream is UP
+        assert (await rec.destination("127.1", 8088)).upstream is UP
+
+    asyncio.run(rotate())
