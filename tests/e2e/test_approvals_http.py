@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import stripe
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, running_sidecar
 from stripe_support import (
     ctrlrun_block,
     effect,
@@ -34,11 +34,10 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 def sc(
     tmp_path_factory: pytest.TempPathFactory, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> Iterator[Sidecar]:
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path_factory.mktemp("approvals"), *remotes, reconcile="off", in_process=True
-    )
-    yield sidecar
-    sidecar.stop()
+    ) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture

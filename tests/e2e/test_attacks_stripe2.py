@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import POLICY, STRIPE_KEY, Sidecar, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, running_sidecar
 from test_attacks_stripe import FORM, post
 
 from ctrlrun.receipts import load_receipts
@@ -66,11 +66,8 @@ OPEN = POLICY.replace("    api_key_env:", "    unmapped_writes: allow\n    api_k
 @pytest.fixture
 def open_sidecar(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """The Stripe upstream with ``unmapped_writes: allow``."""
-    sc = start_sidecar(tmp_path, *fakes, policy_text=OPEN, in_process=True)
-    try:
+    with running_sidecar(tmp_path, *fakes, policy_text=OPEN, in_process=True) as sc:
         yield sc
-    finally:
-        sc.stop()
 
 
 def test_a_refund_by_another_road_is_refused_even_where_unmapped_writes_go(

@@ -10,13 +10,14 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
 import pytest
-from harness import POLICY, STRIPE_KEY, Sidecar, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, running_sidecar
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_support import receipt_meta, start_mcp_sidecar
@@ -55,11 +56,10 @@ def fake(remotes: tuple[FakeStripe, FakeKubernetes]) -> FakeStripe:
 
 @pytest.fixture
 def sc(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path, *remotes, policy_text=ACCOUNT_POLICY, reconcile="off", in_process=True
-    )
-    yield sidecar
-    sidecar.stop()
+    ) as sidecar:
+        yield sidecar
 
 
 def refund(sc: Sidecar, pi: str, *, key: str = STRIPE_KEY, account: str | None = None) -> Any:
@@ -206,13 +206,10 @@ def test_a_sweep_with_the_upstreams_key_proves_nothing_of_another_keys_account(
     # A policy that does not read account: the refund with acct_A's own key is "self"; after a
     # restart only the upstream's api_key_env (the platform's key) is there to ask with.
     pi = fake.add_payment_intent(amount=5000, account=account)["id"]
-    sc = start_sidecar(tmp_path, *remotes, reconcile="lazy")
-    try:
+    with running_sidecar(tmp_path, *remotes, reconcile="lazy") as sc:
         fake.fail_next("commit_then_drop" if applied else "reset_before")
         lost = refused(lambda: refund(sc, pi, key=key))
         assert lost.http_status == 504 and outcome(lost) == "upstream_ambiguous"
-    finally:
-        sc.stop()
     assert len([r for r in fake.refunds_in(account) if r["payment_intent"] == pi]) == applied
     effect_key = f"refund:{pi}"
     past = iso(utc_now() - timedelta(seconds=300))  # the settle window is long over
@@ -312,43 +309,41 @@ def test_a_remote_without_the_account_endpoint_keys_writes_as_self(
     tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     mock = _NoAccounts()
-    sidecar = start_sidecar(
-        tmp_path,
-        cast(FakeStripe, mock),  # only its url is read
-        remotes[1],
-        policy_text=ACCOUNT_POLICY,
-        reconcile="off",
-        in_process=True,
-    )
-    try:
+    with (
+        closing(mock),
+        running_sidecar(
+            tmp_path,
+            cast(FakeStripe, mock),  # only its url is read
+            remotes[1],
+            policy_text=ACCOUNT_POLICY,
+            reconcile="off",
+            in_process=True,
+        ) as sidecar,
+    ):
         assert refund(sidecar, "pi_mock_1").amount == 100
         again = refused(lambda: refund(sidecar, "pi_mock_1"))
         assert again.http_status == 409 and outcome(again) == "duplicate"
         assert sidecar.effect_state("refund:self:pi_mock_1") == "committed"
         assert mock.posts == ["/v1/refunds"]
-    finally:
-        sidecar.stop()
-        mock.close()
 
 
 def test_a_rate_limited_account_question_refuses_and_remembers_nothing(
     tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     mock = _NoAccounts(status=429)  # Stripe's rate limit: it did not say, and may say later
-    sidecar = start_sidecar(
-        tmp_path,
-        cast(FakeStripe, mock),  # only its url is read
-        remotes[1],
-        policy_text=ACCOUNT_POLICY,
-        reconcile="off",
-        in_process=True,
-    )
-    try:
+    with (
+        closing(mock),
+        running_sidecar(
+            tmp_path,
+            cast(FakeStripe, mock),  # only its url is read
+            remotes[1],
+            policy_text=ACCOUNT_POLICY,
+            reconcile="off",
+            in_process=True,
+        ) as sidecar,
+    ):
         for _ in range(2):  # not remembered as self: asked again, refused again
             down = refused(lambda: refund(sidecar, "pi_mock_2"))
             assert down.http_status == 503 and outcome(down) == "unavailable"
         assert mock.posts == []  # nothing forwarded
         assert sidecar.effect_state("refund:self:pi_mock_2") is None
-    finally:
-        sidecar.stop()
-        mock.close()

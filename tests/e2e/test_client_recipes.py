@@ -18,7 +18,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 import stripe
-from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, running_sidecar
 from kubernetes.client.rest import ApiException
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -44,11 +44,10 @@ def sc(
     text = POLICY
     for anchor in ("    api_key_env: STRIPE_E2E_KEY\n", "    cluster: prod-eu\n"):
         text = text.replace(anchor, f"{anchor}    ca_file: {ca}\n")
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path_factory.mktemp("recipes"), stripe_fake, kube, policy_text=text, reconcile="off"
-    )
-    yield sidecar
-    sidecar.stop()
+    ) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import stripe
-from harness import POLICY, STRIPE_KEY, Sidecar, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, running_sidecar
 from stripe_support import CLIENT_TIMEOUT, ctrlrun_block, outcome, receipts_for, refused
 from stripe_support import stripe_client as client_for
 
@@ -39,11 +39,10 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 
 @pytest.fixture
 def sc(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path, *remotes, policy_text=ACCOUNT_POLICY, reconcile="off", in_process=True
-    )
-    yield sidecar
-    sidecar.stop()
+    ) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import stripe
-from harness import POLICY, STRIPE_KEY, Sidecar, refusing_port, start_sidecar
+from harness import POLICY, STRIPE_KEY, Sidecar, refusing_port, running_sidecar
 from stripe_support import (
     CLIENT_TIMEOUT,
     ctrlrun_block,
@@ -51,17 +51,15 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 @pytest.fixture
 def plain(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar with no reconciler: an ambiguous attempt stays ambiguous."""
-    sc = start_sidecar(tmp_path, *remotes, reconcile="off", in_process=True)
-    yield sc
-    sc.stop()
+    with running_sidecar(tmp_path, *remotes, reconcile="off", in_process=True) as sc:
+        yield sc
 
 
 @pytest.fixture
 def eager(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """A sidecar that asks the Stripe reconciler right after an ambiguous attempt."""
-    sc = start_sidecar(tmp_path, *remotes, reconcile="eager", in_process=True)
-    yield sc
-    sc.stop()
+    with running_sidecar(tmp_path, *remotes, reconcile="eager", in_process=True) as sc:
+        yield sc
 
 
 @pytest.fixture
@@ -70,9 +68,10 @@ def unreachable(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> I
     with refusing_port() as port:
         text = POLICY.replace("url: {stripe}", f"url: http://127.0.0.1:{port}")
         assert text != POLICY
-        sc = start_sidecar(tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True)
-        yield sc
-        sc.stop()
+        with running_sidecar(
+            tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True
+        ) as sc:
+            yield sc
 
 
 @pytest.fixture
@@ -351,8 +350,7 @@ def test_same_key_retry_is_not_replayed_once_the_policy_denies_it(
     tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = remotes
-    sc = start_sidecar(tmp_path, stripe, kube, reconcile="off", in_process=True)
-    try:
+    with running_sidecar(tmp_path, stripe, kube, reconcile="off", in_process=True) as sc:
         pi = stripe.add_payment_intent(amount=5000)["id"]
         headers = {"Authorization": f"Bearer {STRIPE_KEY}", "Idempotency-Key": f"deny-{pi}"}
         form = {"payment_intent": pi, "amount": "1000"}
@@ -374,5 +372,3 @@ def test_same_key_retry_is_not_replayed_once_the_policy_denies_it(
         assert retry.status_code == 403 and retry.headers["X-Ctrlrun-Outcome"] == "denied"
         assert stripe.count("POST", "/v1/refunds") == posts + 1 and refunds_of(stripe, pi) == 0
         assert sc.effect_state(f"refund:{pi}") == "ambiguous"
-    finally:
-        sc.stop()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import stripe
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar
 from stripe_support import ctrlrun_block, outcome, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -28,9 +28,8 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 
 @pytest.fixture
 def sc(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
-    sidecar = start_sidecar(tmp_path, *remotes, reconcile="off", in_process=True)
-    yield sidecar
-    sidecar.stop()
+    with running_sidecar(tmp_path, *remotes, reconcile="off", in_process=True) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture
@@ -153,11 +152,10 @@ def test_a_refund_without_an_amount_passes_a_policy_that_does_not_read_it(
     assert text != POLICY
     fake = remotes[0]
     pi = fake.add_payment_intent(amount=7000)
-    sc = start_sidecar(tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path, *remotes, policy_text=text, reconcile="off", in_process=True
+    ) as sc:
         done = stripe_client(sc.stripe_base).v1.refunds.create(
             params={"charge": pi["latest_charge"]}
         )
         assert done.amount == 7000 and sc.effect_state(f"refund:{pi['id']}") == "committed"
-    finally:
-        sc.stop()

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import stripe
-from harness import STRIPE_KEY, Sidecar, start_sidecar
+from harness import STRIPE_KEY, Sidecar, running_sidecar
 from stripe_support import (
     CLIENT_TIMEOUT,
     ctrlrun_block,
@@ -42,9 +42,8 @@ def remotes() -> Iterator[tuple[FakeStripe, FakeKubernetes]]:
 
 @pytest.fixture
 def plain(tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
-    sc = start_sidecar(tmp_path, *remotes, reconcile="off", in_process=True)
-    yield sc
-    sc.stop()
+    with running_sidecar(tmp_path, *remotes, reconcile="off", in_process=True) as sc:
+        yield sc
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar
 from stripe_support import effect, outcome, receipts_for, refund, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -35,11 +35,10 @@ def sc(
     ca = str(guarded.ca_file).replace("{", "{{").replace("}", "}}")
     text = POLICY.replace(ANCHOR, f"{ANCHOR}    ca_file: {ca}\n")
     assert text != POLICY
-    sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path_factory.mktemp("tls"), guarded, kube, policy_text=text, reconcile="off"
-    )
-    yield sidecar
-    sidecar.stop()
+    ) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture
