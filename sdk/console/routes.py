@@ -185,6 +185,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Set-Cookie", cookie)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(body)))
+        # What was asked is done: from here the connection waits on its client reading the
+        # answer, and one that reads none (requests sent at once, answers left unread) may be
+        # closed to make room like any other connection waiting on its client.
+        self.server.waiting(self.connection)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

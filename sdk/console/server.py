@@ -6,11 +6,11 @@ Everything is checked before the socket is bound, and each refusal is one line: 
 
 The server gives each connection a thread, up to ``max_connections`` at once. A connection
 that is only waiting for its client (its TLS handshake, its first request, the next one on a
-kept-alive connection, or a request still arriving) holds its slot only until the cap is
-reached: a new connection then closes the one that has waited longest, so clients that open
-connections and send nothing (or trickle bytes) cannot lock operators out. When every slot is
-answering a request, a new connection gets no thread: the accept loop answers it a 503 at once
-and closes it.
+kept-alive connection, a request still arriving, or its client reading an answer) holds its
+slot only until the cap is reached: a new connection then closes the one that has waited
+longest, so clients that open connections and send nothing (or trickle bytes, or read no
+answer) cannot lock operators out. When every slot is answering a request, a new connection
+gets no thread: the accept loop answers it a 503 at once and closes it.
 """
 
 from __future__ import annotations

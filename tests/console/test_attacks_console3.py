@@ -11,6 +11,7 @@ ports), and one test drives headless Chromium."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -385,3 +386,40 @@ def test_in_chromium_the_cookie_stays_with_the_console(lg: Ledger, tmp_path: Pat
         wait_for(driver, "the login form", lambda d: d.find_elements(By.ID, "login"))
         assert request_id not in driver.page_source
     assert approval_status(lg, request_id) == "pending"
+
+
+# -- 5. floods -------------------------------------------------------------------------------
+
+
+def unread(srv: ConsoleServer, n: int, requests: int = 3000) -> list[socket.socket]:
+    """``n`` connections that each send ``requests`` GET /login at once and read none of the
+    answers: the console's writes to them stall once the socket buffers are full."""
+    host, port = str(srv.server_address[0]), int(srv.server_address[1])
+    line = f"GET /login HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode() * requests
+    socks = []
+    for _ in range(n):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, port))
+        sock.settimeout(1.0)
+        with contextlib.suppress(TimeoutError):  # the console stopped reading: it writes
+            sock.sendall(line)  # answers nobody reads
+        socks.append(sock)
+    return socks
+
+
+def test_answers_nobody_reads_do_not_lock_operators_out(lg: Ledger) -> None:
+    request_id = lg.ask_approval("pi_unread")
+    with running(lg, max_connections=3) as srv:
+        socks = unread(srv, 3)
+        try:
+            with browser_like() as c:
+                home = log_in(c, srv)  # every step answered: none a 503
+                page = c.get(home + "/approvals")
+                form = {"csrf": csrf_of(page.text), "request_id": request_id}
+                done = c.post(home + "/approvals/answer", data={**form, "decision": "approve"})
+                assert done.status_code == 303
+        finally:
+            for sock in socks:
+                sock.close()
+    assert approval_status(lg, request_id) == "granted"
