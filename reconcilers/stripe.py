@@ -7,6 +7,8 @@ stripe.refund                  committed: a ``refund.created`` event carries the
                                ``Idempotency-Key``, or exactly one refund of the payment
                                created since the attempt (less 5 s) matches by amount;
                                not_executed: the complete list holds no such refund
+                               (and, where ``account`` is ``self``, the payment is on
+                               the account of the key asked with, or it proves nothing)
 stripe.cancel_payment_intent   the payment intent's ``status`` is (not) ``canceled``
 stripe.delete_customer         the customer is (not) ``deleted``
 stripe.payout                  committed: a ``payout.created`` event carries the key
@@ -171,7 +173,7 @@ class StripeReconciler(Remote):
                 wall=utc_now if facts is None else facts.clock,
             ) as reader:
                 verdict = how(reader, arguments, _since(started_at), idempotency_keys)
-                unsure = action == "stripe.refund" and _unsure_of_account(credentials, arguments)
+                unsure = action == "stripe.refund" and _unsure_of_account(arguments)
                 if verdict[0] == "not_executed" and unsure:
                     verdict = _on_this_account(reader, arguments, verdict)
         if facts is not None:
@@ -328,13 +330,13 @@ def _event_object(event: dict[str, Any], keys: Collection[str]) -> dict[str, Any
     return obj if isinstance(obj, dict) else None
 
 
-def _unsure_of_account(credentials: Mapping[str, str] | None, args: Mapping[str, Any]) -> bool:
-    """Asked with a key of its own (not the request's) and no account id to name: whether
-    that key's account is the one the write acted on is not known."""
+def _unsure_of_account(args: Mapping[str, Any]) -> bool:
+    """Whether the account asked may not be the one the write acted on: with no account id
+    to name (``self``), the key asked with acts on its own, and that is another account's
+    whenever the retry, the sweep or the hook brought another key than the attempt's (a
+    connected account's own key refunded, the platform's key asks)."""
     account = args.get("account")
-    named = isinstance(account, str) and account.startswith("acct_")
-    own = any(k.lower() == "authorization" and v for k, v in (credentials or {}).items())
-    return not named and not own
+    return not (isinstance(account, str) and account.startswith("acct_"))
 
 
 def _on_this_account(reader: Reader, args: Mapping[str, Any], verdict: Verdict) -> Verdict:

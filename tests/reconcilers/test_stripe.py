@@ -313,7 +313,11 @@ def test_no_refund_at_all_needs_no_events(stripe_fake: FakeStripe) -> None:
     pi = stripe_fake.add_payment_intent(amount=10_000)
     args = {"payment_intent": pi["id"], "amount": 500}
     assert StripeReconciler(stripe_fake.url)(facts("stripe.refund", args)) == "not_executed"
-    assert stripe_fake.requests == [("GET", "/v1/refunds")]
+    # No account id among the arguments: the payment is looked for on the key's account too.
+    assert stripe_fake.requests == [
+        ("GET", "/v1/refunds"),
+        ("GET", f"/v1/payment_intents/{pi['id']}"),
+    ]
 
 
 def test_nothing_found_too_early_is_unknown_not_not_executed(stripe_fake: FakeStripe) -> None:
