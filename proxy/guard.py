@@ -26,7 +26,7 @@ from typing import Any
 from ctrlrun import ledger
 from ctrlrun.action import Principal
 from ctrlrun.attempt import Attempt
-from ctrlrun.control import Control, Outcome, ReconcileFirst
+from ctrlrun.control import Control, ReconcileFirst
 from ctrlrun.decisions import decide
 from ctrlrun.reconcilers.base import ProxyReconciler
 from ctrlrun.reconcilers.sweep import facts_for
@@ -45,6 +45,7 @@ from .prepare import Prepared, Unresolvable, prepare, screen, upstream_headers
 from .refusals import Refusal, refusal_for
 from .route_values import KubeWrite
 from .routes import Invalid, Mapped, PassThrough, Request, Unmapped, map_request
+from .stripe_recorded import as_recorded
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,9 @@ class Guard:
             return await self._receipted(up, request, route, prepared, who)
         if isinstance(prepared, Unresolvable):
             return await self._unresolvable(ctl, up, request, prepared)
-        p = prepared
+        p = await as_recorded(ctl, up, prepared, ctl.policy.effect_template(route.action))
+        if isinstance(p, Refusal):
+            return self.refused(up, request, p)
         if ctl.policy.mode != "observe":
             cap = self.limits().pending_approvals_per_agent
             full = await queue_cap.queue_full(ctl, p.action, p.approval_id, cap)
@@ -295,7 +298,10 @@ class Guard:
     ) -> Handled:
         try:
             reply = await self._forward(up, request, p, attempt, target, headers)
-            outcome = self._classify(up, p.action.name, reply)
+            status, body = reply.status, reply.body
+            outcome = classify(
+                up.profile, p.action.name, status=status, transport=reply.transport, body=body
+            )
         except BaseException as exc:
             # The request may have left: the record must say nobody knows.
             await self._record_lost(ctl, attempt, exc)
@@ -392,9 +398,3 @@ class Guard:
             return self.refused(up, request, replay.inconclusive(p, reply, claimed.effect_key))
         outcome = "committed" if found == "committed" else "failed"
         return Handled(reply, outcome, replay.TRIGGER, p.action.name, claimed.effect_key)
-
-    @staticmethod
-    def _classify(up: Upstream, action: str, reply: Forwarded) -> Outcome:
-        return classify(
-            up.profile, action, status=reply.status, transport=reply.transport, body=reply.body
-        )

@@ -46,6 +46,7 @@ from .numbers import as_numbers
 from .prepare import CREDENTIAL_HEADERS, Prepared
 from .refusals import Refusal, refusal_for
 from .route_values import BadInput, Request
+from .stripe_recorded import as_recorded
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,9 @@ class CallGuard:
                 return self.refused(request, call, Refusal("invalid_request", reason, reason))
             return await self._unmapped(ctl, up, request, call, send, principal)
         prepared = await self._prepare(ctl, up, request, tool, call, principal)
+        if not isinstance(prepared, Refusal):
+            template = tool.effect or ctl.policy.effect_template(prepared.action.name)
+            prepared = await as_recorded(ctl, up, prepared, template)
         if isinstance(prepared, Refusal):
             return self.refused(request, call, prepared)
         admitted = await self.guard._admit(ctl, up, prepared)
