@@ -74,7 +74,7 @@ from .plan import (
     Write,
 )
 from .policy import Decision
-from .states import LEASE_EXPIRED, EffectState, Refuse, Reserve, plan_reservation
+from .states import LEASE_EXPIRED, EffectState, Refuse, Reserve, SteadyNow, plan_reservation
 from .timestamps import stamp
 
 
@@ -247,7 +247,8 @@ def _place(
         started = NewEvent(E.EXECUTION_STARTED, f.action.action_id)
         events = (*head, *consumed, started)
         return Plan(Verdict.RUN, events, spend, approval=approval, would_have=would_have)
-    step = plan_reservation(f.record, f.now, f.window)
+    steady = None if f.steady_now is None else SteadyNow(_clock(f.holder), f.steady_now)
+    step = plan_reservation(f.record, f.now, f.window, steady)
     if isinstance(step, Refuse):
         return _refuse(f, key, head, step, would_have)
     return _reserve(f, key, (*head, *consumed), spend, step, approval, would_have)
@@ -269,7 +270,7 @@ def _reserve(
         "attempt": number,
         "lease_expires_at": lease_ends,
         "lease_holder": f.holder,
-        "lease_steady_until": f.steady_now + f.lease.total_seconds() if f.holder else None,
+        "lease_steady_until": _steady_end(f),
         "action_name": a.name,
         "action_json": a.canonical.decode("utf-8"),
         "idempotency_key": f.idempotency_key,
@@ -280,6 +281,8 @@ def _reserve(
         "error": None,
         "resolved_by": None,
         "committed_at": None,
+        "committed_steady": None,  # this attempt's commit is yet to be read
+        "committed_on": None,
     }
     take: Write
     if f.record is None:
@@ -299,6 +302,18 @@ def _reserve(
         approval=approval,
         would_have=would_have,
     )
+
+
+def _steady_end(f: Facts) -> float | None:
+    """The lease's end on this host's monotonic clock (holder.py)."""
+    if f.holder is None or f.steady_now is None:
+        return None
+    return f.steady_now + f.lease.total_seconds()
+
+
+def _clock(holder: str | None) -> str | None:
+    """The monotonic clock a lease holder reads: its boot id and time namespace."""
+    return None if holder is None else " ".join(holder.split(" ")[:2])
 
 
 def _refuse(

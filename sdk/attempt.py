@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import budgets, ledger, pg_hot, tracing
+from . import budgets, holder, ledger, pg_hot, steady, tracing
 from .action import Action
 from .approvals import Approval
 from .budgets import BudgetCharge
@@ -178,7 +178,7 @@ def record_outcome(
         }
         values["error"] = error
         if outcome == "committed":
-            values["committed_at"] = stamp(now)
+            values.update(committed(now))
         if conn.dialect.name == "postgresql" and (outcome != "failed" or attempt.budget is None):
             done = _in_one_trip(conn, attempt, outcome, error, now, values, observed, last)
             if done is not None:  # the usual case
@@ -207,6 +207,16 @@ def record_outcome(
     result = "observed" if observed else outcome
     receipt = attempt_receipt(conn, attempt, result, outcome, now, error=error, event_pos=pos)
     return receipt, outcome
+
+
+def committed(now: datetime) -> dict[str, Any]:
+    """A commit's stamps: on the ledger's clock, and on this host's monotonic clock with its
+    name (what ``states.window_over`` measures a window from)."""
+    return {
+        "committed_at": stamp(now),
+        "committed_steady": steady.monotonic(),
+        "committed_on": holder.clock(),
+    }
 
 
 def _in_one_trip(

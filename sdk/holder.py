@@ -75,6 +75,13 @@ def me() -> str | None:
     return _me(os.getpid())  # keyed on the pid: a child after fork() is another holder
 
 
+def clock() -> str | None:
+    """This host's monotonic clock, named by its boot id and time namespace (None off
+    Linux): two readings on one name are comparable, whichever processes took them."""
+    host = _host()
+    return None if host is None else f"{host[0]} {host[1]}"
+
+
 def steady_until(lease: timedelta, now: float | None = None) -> float:
     """When a lease taken now ends on this host's monotonic clock."""
     return (steady.monotonic() if now is None else now) + lease.total_seconds()

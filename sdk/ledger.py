@@ -135,6 +135,8 @@ def _record(m: Mapping[str, Any]) -> EffectRecord:
         idempotency_key=m["idempotency_key"],
         holder=m["lease_holder"],
         lease_steady_until=m["lease_steady_until"],
+        committed_steady=m["committed_steady"],
+        committed_on=m["committed_on"],
     )
 
 

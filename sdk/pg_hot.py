@@ -14,6 +14,11 @@ outcome's receipt needs the chain position the move took, so it cannot go with t
 A duplicate is five: the key tried, alone; ``BEGIN``; the record read; the refusal's events
 with the chain's next number (``events_and_chain``); the receipt and the head with the
 ``COMMIT``. Every admission that writes a receipt ends with those last two.
+
+Each write here notes in ``steady`` what ``ledger.insert_effect`` and ``ledger.move_effect``
+note on SQLite (an attempt's start, its ambiguous outcome): without it a reconciler in this
+process judged a settle window on PostgreSQL by the ledger's clock alone, so a step of the
+database host's clock ended it early there (and not on SQLite).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from . import steady
 from .driver_errors import one_line
 from .errors import ConnectionLost
 from .ledger import (
@@ -65,10 +71,12 @@ def insert_effect_with_events(
     sql = _reserve_sql(columns, len(rows))
     raw: Any = conn.connection.dbapi_connection
     if not alone or raw.info.transaction_status != _IDLE:
-        return int(_run(conn, sql, params).rowcount) > 0
+        taken = int(_run(conn, sql, params).rowcount) > 0
+        return taken and steady.written(values["effect_key"], 1, values)
     raw.autocommit = True
     try:
-        return int(_run(conn, sql, params).rowcount) > 0
+        taken = int(_run(conn, sql, params).rowcount) > 0
+        return taken and steady.written(values["effect_key"], 1, values)
     except Exception as exc:
         if raw.broken or raw.closed:  # not "nothing was written": the statement commits itself
             raise ConnectionLost(
@@ -110,7 +118,10 @@ def move_with_event(
     params.update(k_key=key, k_old=old.value, k_action_id=action_id, k_attempt=attempt)
     params.update({f"e_{c}": event[c] for c in _EVENT_COLUMNS})
     found = _run(conn, sql, params).fetchone()
-    return None if found is None else (int(found[0]), str(found[1]), int(found[2]))
+    if found is None:
+        return None
+    steady.written(key, attempt, values, new is EffectState.AMBIGUOUS)  # as ledger.move_effect
+    return int(found[0]), str(found[1]), int(found[2])
 
 
 @functools.cache

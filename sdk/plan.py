@@ -63,7 +63,8 @@ class Facts:
     frozen: str | None = None  # why the action is frozen (the kill switch), None: it is not
     budget: BudgetAsk | None = None  # the budget row it spends (budgets.py), read in the txn
     holder: str | None = None  # the process writing the plan, as a lease holder (holder.py)
-    steady_now: float = 0.0  # this host's monotonic clock when the facts were read
+    # This host's monotonic clock when the facts were read (None: judge by ``now`` alone).
+    steady_now: float | None = None
 
 
 class Verdict(StrEnum):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from . import budgets, ledger
 from .action import iso, parse_iso
-from .attempt import describe
+from .attempt import committed, describe
 from .checks import BACKOFF, Backoff, answer_label, claim, remember, schedule_of
 from .clocks import utc_now
 from .errors import EffectKeyError, InvalidArgument
@@ -344,8 +344,8 @@ class Reconciler:
         # The schedule's slot goes with the ambiguity; the count and last answer stay, for the
         # record (``check_attempt`` says which attempt they were about).
         values = {"updated_at": iso(now), "resolved_by": by, "next_check_at": None}
-        if new is EffectState.COMMITTED:
-            values["committed_at"] = iso(now)
+        if new is EffectState.COMMITTED:  # the window runs from here: no sooner than it was
+            values.update(committed(now))
         if not ledger.move_effect(
             conn,
             row["effect_key"],

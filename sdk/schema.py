@@ -50,6 +50,9 @@ effects = Table(
     # Revision 0019: who holds the lease and its end on that host's monotonic clock (holder.py).
     Column("lease_holder", String),
     Column("lease_steady_until", Float),
+    # Revision 0020: when it was committed on that host's monotonic clock (states.window_over).
+    Column("committed_steady", Float),
+    Column("committed_on", String),  # that clock: boot id, time namespace (holder.clock)
 )
 Index("effects_by_state", effects.c.state, effects.c.updated_at)
 # The ambiguous effects a sweep asks about, soonest due first. As with TIMELINE, queries must

@@ -73,6 +73,8 @@ class EffectRecord:
     idempotency_key: str | None = None
     holder: str | None = None  # the process that wrote the lease (holder.py)
     lease_steady_until: float | None = None  # its end on the holder host's monotonic clock
+    committed_steady: float | None = None  # when committed, on the committer's monotonic clock
+    committed_on: str | None = None  # that clock (``holder.clock``)
 
     def lease_is_live(self, now: datetime) -> bool:
         return (
@@ -99,8 +101,46 @@ class Refuse:
     ambiguate: bool = False  # the holder's lease expired: write the record AMBIGUOUS first
 
 
+@dataclass(frozen=True)
+class SteadyNow:
+    """This host's monotonic clock as read with the facts, and its name (``clock``: boot id
+    and time namespace, None where it cannot be told)."""
+
+    clock: str | None
+    reading: float
+
+
+def window_over(
+    record: EffectRecord, now: datetime, window: timedelta, steady: SteadyNow | None
+) -> bool:
+    """Whether a committed record's ``window`` has passed: on the ledger's clock (``now``)
+    *and* in elapsed time, which no step of the wall clock shortens.
+
+    The elapsed time is this host's monotonic clock since the commit when the commit was read
+    on it (``committed_on``: same boot, same time namespace, whichever process). Any other
+    commit (another boot, another host, an older writer's) is given this host's time since
+    boot: on this host it happened before the boot, so a wall clock set wrong at boot (and
+    stepped right later) cannot reopen it early; elsewhere it only adds a wait. ``steady``
+    None: the ledger's clock alone (a planner given no reading)."""
+    committed_at = record.committed_at or record.updated_at
+    if now < committed_at + window:
+        return False
+    if steady is None:
+        return True
+    elapsed = steady.reading
+    same = steady.clock is not None and record.committed_on == steady.clock
+    if same and record.committed_steady is not None:
+        # An older writer's commit over a newer one's leaves the older reading: the elapsed
+        # time is then overstated, as on the ledger's clock alone, never understated.
+        elapsed = steady.reading - record.committed_steady
+    return elapsed >= window.total_seconds()
+
+
 def plan_reservation(
-    record: EffectRecord | None, now: datetime, window: timedelta | None = None
+    record: EffectRecord | None,
+    now: datetime,
+    window: timedelta | None = None,
+    steady: SteadyNow | None = None,
 ) -> Reserve | Refuse:
     """What a new attempt on a key gets, given the key's record (the table in DESIGN.md)."""
     if record is None:
@@ -109,8 +149,7 @@ def plan_reservation(
     if state is S.FAILED:
         return Reserve(attempt=record.attempt + 1, previous=S.FAILED)
     if state is S.COMMITTED:
-        committed_at = record.committed_at or record.updated_at
-        if window is not None and now >= committed_at + window:
+        if window is not None and window_over(record, now, window, steady):
             return Reserve(attempt=record.attempt + 1, previous=S.COMMITTED)
         return Refuse("committed", record.action_id)
     if state is S.AMBIGUOUS:

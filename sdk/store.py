@@ -36,9 +36,9 @@ from .sqlite_session import begin_immediate, sqlite_connect
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HEAD_REVISION = "0019"
+HEAD_REVISION = "0020"
 # There are no revisions 0005 to 0012.
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", *(f"{n:04d}" for n in range(13, 20)))
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", *(f"{n:04d}" for n in range(13, 21)))
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x63_74_72_6C_72_75_6E  # "ctrlrun": the advisory lock migrations run under
 

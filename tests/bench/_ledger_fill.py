@@ -195,7 +195,7 @@ COLUMNS = {
         *("action_json", "idempotency_key", "upstream", "result_json", "error", "resolved_by"),
         *("created_at", "updated_at", "attempt_started_at", "committed_at"),
         *("next_check_at", "checks", "check_answer", "check_attempt"),
-        *("lease_holder", "lease_steady_until"),
+        *("lease_holder", "lease_steady_until", "committed_steady", "committed_on"),
     ],
     "events": ["event_id", "ts", "type", "action_id", "effect_key", "approval_id", "data_json"],
     "receipts": [
@@ -391,6 +391,8 @@ def generate(size: int, *, seed: int = 20250101) -> Iterator[Batch]:
                     *checks,
                     None,  # lease_holder, lease_steady_until (revision 0019): ended, no lease
                     None,
+                    None,  # committed_steady, committed_on (revision 0020): no reading, as
+                    None,  # an older writer leaves them
                 )
             )
         yield Batch(eff, evs, rcs, (seq, prev), n_amb)

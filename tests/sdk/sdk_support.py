@@ -54,6 +54,15 @@ class Clock:
         self.now += timedelta(**delta)
 
 
+def monotonic_follows(clock: Clock, monkeypatch: Any) -> None:
+    """Time passes with ``clock``: the monotonic clock a window is also measured on
+    (``steady.monotonic``) moves as the fake wall clock does, as real time would."""
+    from ctrlrun import steady
+
+    base, origin = steady.monotonic(), clock.now
+    monkeypatch.setattr(steady, "monotonic", lambda: base + (clock.now - origin).total_seconds())
+
+
 @dataclass
 class Ran:
     """A finished subprocess."""

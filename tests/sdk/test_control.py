@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sdk_support import Clock, events, receipts
+from sdk_support import Clock, events, monotonic_follows, receipts
 
 from ctrlrun import (
     Action,
@@ -279,8 +279,9 @@ def test_human_resolution(control: Control, store: SQLiteStateStore) -> None:
 
 
 def test_window_reserves_again_after_it_passes(
-    control: Control, store: SQLiteStateStore, clock: Clock
+    control: Control, store: SQLiteStateStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monotonic_follows(clock, monkeypatch)  # time passes, not only the wall clock
     key = "scale:prod:checkout:6"
     scale = Action("scale", {"cluster": "prod", "deployment": "checkout", "replicas": 6}, BOT)
     runs: list[int] = []

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sdk_support import Clock, events
+from sdk_support import Clock, events, monotonic_follows
 
 from ctrlrun import (
     Action,
@@ -114,6 +114,7 @@ def test_every_write_the_ledger_makes_is_in_the_table(
         seen.add((old.value, new.value))
 
     monkeypatch.setattr(L, "check_transition", watch)
+    monotonic_follows(clock, monkeypatch)  # the window passes in elapsed time too
     control = make_control(lease=timedelta(seconds=30))
     me = Principal("bot")
 
