@@ -26,6 +26,7 @@ from .framing import NO_READ_HEADERS, UNSENDABLE_BYTES
 from .gate import Asked, Gate, Passage
 from .guard import Guard
 from .handled import Handled
+from .kube_proxies import through_proxy
 from .mcp_gate import McpGate, internal_error
 from .mcp_sessions import HEADER
 from .principal import Principals
@@ -188,7 +189,7 @@ class CtrlrunAddon:
             if upstream.mcp is not None:
                 await self._mcp(flow, upstream)
                 return
-            if _is_read(flow.request):
+            if _is_read(flow.request) and not through_proxy(upstream, flow.request.path):
                 _record(flow, upstream, {"outcome": "pass_through", "reason": "read"})
                 return  # reads always pass through, whatever the ledger's health
             result = await self.guard.handle(

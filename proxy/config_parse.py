@@ -43,6 +43,7 @@ from .config import (
     Upstream,
 )
 from .egress import Egress, parse_egress
+from .kube_proxies import route_path_error
 from .limits import Limits, parse_limits
 from .mcp_config import MCP_PROFILES, STRIPE_API, McpSettings, parse_mcp
 from .notify import NOTIFY
@@ -56,7 +57,7 @@ PROFILE_ONLY: dict[str, tuple[str, ...]] = {
     "cluster": ("kubernetes",),
     "token_file": ("kubernetes",),
     "api_key_env": ("stripe", "stripe-mcp"),
-    "routes": ("http",),
+    "routes": ("http", "kubernetes"),
     "tools": MCP_PROFILES,
     "unmapped_tools": MCP_PROFILES,
     "refuse_methods": MCP_PROFILES,
@@ -129,7 +130,9 @@ def _upstream(name: str, value: Any, where: Where, actions: Collection[str]) -> 
                 f"must be a positive integer number of seconds, got {show(timeout)}"
             )
     reconcile = expect_choice(entry.get("reconcile", "eager"), at("reconcile"), RECONCILE_MODES)
-    routes = parse_routes(entry["routes"], at("routes"), actions) if "routes" in entry else ()
+    routes: tuple[Route, ...] = ()
+    if "routes" in entry:
+        routes = parse_routes(entry["routes"], at("routes"), actions, profile == "kubernetes")
     unmapped = expect_choice(
         entry.get("unmapped_writes", "deny"), at("unmapped_writes"), ("deny", "allow")
     )
@@ -224,9 +227,14 @@ def _check_host(host: str, where: Where, *, bracketed: bool) -> None:
         raise where.error(f"{host!r} is not a host name or address")
 
 
-def parse_routes(value: Any, where: Where, actions: Collection[str]) -> tuple[Route, ...]:
+def parse_routes(
+    value: Any, where: Where, actions: Collection[str], through_proxy: bool = False
+) -> tuple[Route, ...]:
+    """An upstream's ``routes:``; ``through_proxy`` for a Kubernetes upstream's, which map
+    only requests through the apiserver's proxy (where a GET may act, so it may be routed)."""
     if not isinstance(value, YamlList):
         raise where.error(f"must be a list of routes, got {show(value)}")
+    methods = ("GET", "HEAD", *WRITE_METHODS) if through_proxy else WRITE_METHODS
     routes: list[Route] = []
     seen: dict[tuple[str, str], int] = {}
     for i, item in enumerate(value):
@@ -234,12 +242,13 @@ def parse_routes(value: Any, where: Where, actions: Collection[str]) -> tuple[Ro
         entry = expect_map(item, at)
         check_keys(entry, at, ROUTE_KEYS, required=("method", "path", "action"))
         method = expect_str(entry["method"], at.key(entry, "method")).upper()
-        if method not in WRITE_METHODS:
+        if method not in methods:
             raise at.key(entry, "method").error(
-                f"must be one of {', '.join(WRITE_METHODS)} (reads pass through), "
-                f"got {entry['method']!r}"
+                f"must be one of {', '.join(methods)} (reads pass through), got {entry['method']!r}"
             )
         path = path_template(entry["path"], at.key(entry, "path"))
+        if through_proxy:
+            _proxy_route(entry, at, path)
         action = expect_str(entry["action"], at.key(entry, "action"))
         if action not in actions:
             raise at.key(entry, "action").error(f"action {action!r} is not declared under actions:")
@@ -252,6 +261,18 @@ def parse_routes(value: Any, where: Where, actions: Collection[str]) -> tuple[Ro
             reconcile = _route_reconcile(entry["reconcile"], at.key(entry, "reconcile"))
         routes.append(Route(method=method, path=path, action=action, reconcile=reconcile))
     return tuple(routes)
+
+
+def _proxy_route(entry: YamlMap, at: Where, path: str) -> None:
+    """A Kubernetes upstream's route: a path through the apiserver's proxy, and no
+    ``reconcile:`` (the Kubernetes reconciler asks the apiserver, not the workload)."""
+    wrong = route_path_error(path)
+    if wrong is not None:
+        raise at.key(entry, "path").error(wrong)
+    if "reconcile" in entry:
+        raise at.key(entry, "reconcile").error(
+            "a kubernetes upstream's route takes no reconcile: (its reconciler asks the apiserver)"
+        )
 
 
 def _route_reconcile(value: Any, where: Where) -> RouteReconcile:

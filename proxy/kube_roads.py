@@ -2,7 +2,6 @@
 ``unmapped_writes`` says: forwarded as unmapped writes, they would go undecided::
 
     deletecollection                many deletes at once (workloads, namespaces), none named
-    nodes/{node}/proxy              the kubelet runs commands: an exec with no Upgrade
     pods/{pod}/ephemeralcontainers  what kubectl debug adds: a command started in the pod
     pods/{pod}, beyond metadata     a running pod's new image: new code, started by the kubelet
     horizontalpodautoscalers        a controller scales the target, to counts no request names
@@ -10,6 +9,9 @@
                                     the garbage collector deletes it once its owner is gone
     extensions/v1beta1, apps/v1beta1, apps/v1beta2
                                     the workloads ctrlrun decides, by the names of old clusters
+
+A request through the apiserver's proxy (a pod's, a service's, a node's kubelet) is refused
+before any of these, whatever its method (``kube_proxies``).
 """
 
 from __future__ import annotations
@@ -41,16 +43,6 @@ def refuse_other_roads(request: Request, segments: list[str]) -> None:
             raise BadInput(
                 "a collection DELETE of namespaces is refused: ctrlrun decides deletes one "
                 "object at a time; delete each by name"
-            )
-        case ["api", "v1", "nodes", node, "proxy", *_] | ["api", "v1", "proxy", "nodes", node, *_]:
-            # The apiserver relays these to the kubelet with its own client certificate, which
-            # the kubelet obeys: POST /run/{namespace}/{pod}/{container}?cmd=... runs a command
-            # with no Upgrade (an exec by another road), and its other writes (exec, attach,
-            # portForward, checkpoint, debug/flags) are as strong. /api/v1/proxy/ is the form
-            # before Kubernetes 1.10.
-            raise BadInput(
-                f"a {method} through node {node!r}'s proxy reaches its kubelet, which runs "
-                f"commands in pods; {_EXEC}"
             )
         case ["api", "v1", "namespaces", _, "pods", pod, "ephemeralcontainers"]:
             # What kubectl debug writes: the kubelet starts each container added here at once,

@@ -21,6 +21,7 @@ from typing import Any
 from .config import Upstream
 from .field_names import check_names
 from .framing import unframed
+from .kube_proxies import check_road, through_proxy, unrouted
 from .kube_routes import map_kubernetes
 from .kube_stream import STREAM_ACTIONS, map_kube_stream
 from .numbers import check_doubles
@@ -78,7 +79,9 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
     refused = unreadable(request) or unframed(request)
     if refused is not None:
         return Invalid(refused)
-    if hidden_write(request.method, request.headers, request.query) is None:
+    # Through the apiserver's proxy a GET reaches the application, which may act on it.
+    through = through_proxy(upstream, request.path)
+    if not through and hidden_write(request.method, request.headers, request.query) is None:
         if upstream.profile == "kubernetes" and _is_watch(request):
             return PassThrough("a Kubernetes watch is a read")
         return PassThrough(f"{request.method} is a read")
@@ -95,6 +98,8 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
             f"the request carries {override}: the remote may apply another method than "
             f"{method} (or another path); send that method itself"
         )
+    if through:
+        return _map_through(upstream, request)
     upgrade = "upgrade" in request.headers
     if method not in WRITE_METHODS and not upgrade:
         # Neither a read nor a write we know: treated as a write that no route maps.
@@ -131,6 +136,22 @@ def _map_profile(upstream: Upstream, request: Request, segments: list[str]) -> R
             upstream, request, segments
         )
     return _map_http(upstream, request, segments)
+
+
+def _map_through(upstream: Upstream, request: Request) -> RouteResult:
+    """A request through the apiserver's proxy: the route that maps it, else refused."""
+    try:
+        segments = path_segments(request.path)
+        check_road(upstream, request, segments)
+        result = _map_http(upstream, request, segments)
+    except BadInput as exc:
+        return Invalid(exc.reason)
+    if isinstance(result, Unmapped):
+        near = _near_route(upstream, request.method, segments)
+        # A route as written, or nothing: the application may ignore case or a '.json'.
+        also = "" if near is None else f" (route {near} is not this path as written)"
+        return Invalid(unrouted(request, segments) + also)
+    return result
 
 
 def _near_route(upstream: Upstream, method: str, segments: list[str]) -> str | None:

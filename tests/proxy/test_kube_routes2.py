@@ -105,6 +105,9 @@ def test_a_write_to_a_kubelet_through_the_node_proxy_is_refused(method: str, pat
         assert "kubelet" in result.reason
 
 
-def test_a_read_through_the_node_proxy_is_still_a_read() -> None:
+def test_a_read_through_the_node_proxy_is_refused_too() -> None:
+    # The kubelet's (or any application's) GET is its own to say: no proxy path is a read.
     request = Request("GET", "/api/v1/nodes/n1/proxy/metrics", {}, {}, b"")
-    assert isinstance(map_request(ALLOW, request), PassThrough)
+    result = map_request(ALLOW, request)
+    assert isinstance(result, Invalid), result
+    assert "kubelet" in result.reason

@@ -19,6 +19,7 @@ from .watch import watch_events
 Reply: TypeAlias = tuple[int, Obj | Response]
 Handler: TypeAlias = Callable[[Call], Reply]
 Source: TypeAlias = Callable[[], list[Obj]]
+_PROXIES = ("pod_proxy", "service_proxy")
 
 
 class KubeApi:
@@ -73,15 +74,30 @@ class KubeApi:
                 st.patch_scale(c.namespace, c.name, c.content_type, c.body, c.dry_run),
             ),
         }
+        self._add_pod_handlers()
+
+    def _add_pod_handlers(self) -> None:
+        """A pod's own paths: itself, its streams, and the proxies to its application."""
         self._handlers[("GET", "pod")] = lambda c: (200, self.pods.get(c.namespace, c.name))
         for method in ("PATCH", "PUT"):
             self._handlers[(method, "ephemeralcontainers")] = lambda c: (
                 200,
                 self.pods.add_ephemeral(c.namespace, c.name, c.request, c.dry_run),
             )
+        self.proxied: list[tuple[str, str]] = []  # requests the applications received
+        self._handlers.update(
+            ((method, kind), self._proxied)
+            for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+            for kind in _PROXIES
+        )
         for kind in ("exec", "attach", "portforward"):
             for method in ("GET", "POST"):
                 self._handlers[(method, kind)] = partial(self._connect, kind)
+
+    def _proxied(self, call: Call) -> Reply:
+        """What the application behind a pod's or a service's proxy answers: anything goes."""
+        self.proxied.append((call.request.method, call.request.path))
+        return 200, {"kind": "Proxied", "method": call.request.method, "path": call.request.path}
 
     def _connect(self, kind: str, call: Call) -> Reply:
         return 101, self.pods.connect(kind, call.namespace, call.name, call.request)
@@ -99,8 +115,8 @@ class KubeApi:
         handler = self._handlers.get((request.method, call.kind))
         if handler is None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
-        if request.method in ("POST", "PUT", "PATCH", "DELETE"):
-            check_dry_run(request)
+        if request.method in ("POST", "PUT", "PATCH", "DELETE") and call.kind not in _PROXIES:
+            check_dry_run(request)  # a proxy passes the query on to the application unread
         code, answer = handler(call)
         return code, answer if isinstance(answer, Response) else copy.deepcopy(answer)
 

@@ -26,6 +26,9 @@ PATHS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("exec", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/exec"),
         ("attach", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/attach"),
         ("portforward", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/portforward"),
+        # The apiserver's proxies to a pod's or a service's application (its own paths after).
+        ("pod_proxy", rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/proxy(?:/.*)?"),
+        ("service_proxy", rf"/api/v1/namespaces/{_NAME}/services/{_NAME}/proxy(?:/.*)?"),
         (
             "ephemeralcontainers",
             rf"/api/v1/namespaces/{_NAME}/pods/{_NAME}/ephemeralcontainers",

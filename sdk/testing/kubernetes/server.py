@@ -129,6 +129,12 @@ class FakeKubernetes(FakeServer):
         with self._lock:
             return list(self._api.pods.sessions)
 
+    @property
+    def proxied(self) -> list[tuple[str, str]]:
+        """Every request that reached an application through a pod's or a service's proxy."""
+        with self._lock:
+            return list(self._api.proxied)
+
     def namespace(self, name: str) -> Obj:
         """A copy of the namespace; ``KeyError`` when there is none."""
         with self._lock:
