@@ -341,3 +341,91 @@ def test_another_keys_empty_answer_does_not_settle_an_ambiguous_refund(
     assert outcome(again) in ("ambiguous", "duplicate"), again
     assert refunds_of(fake, "acct_A", pi) == 1
     assert new.effect_state(effect_key) in ("ambiguous", "committed")
+
+
+# -- the same Idempotency-Key retried through another credential -------------------------------
+
+
+def keyed(
+    sc: Sidecar, pi: str, idem: str, *, key: str = STRIPE_KEY, account: str | None = None
+) -> Any:
+    options: dict[str, Any] = {"idempotency_key": f"{idem}-{pi}"}  # Stripe keeps keys 24 h
+    if account:
+        options["stripe_account"] = account
+    client = client_for(sc.stripe_base, api_key=key, retries=0)
+    params = {"payment_intent": pi, "amount": 100}
+    return client.v1.refunds.create(params=params, options=options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def lost_on_a(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes], fake: FakeStripe
+) -> Iterator[tuple[Sidecar, str]]:
+    """acct_A's payment refunded through the platform's key with Stripe-Account, reply lost."""
+    pi = fake.add_payment_intent(amount=5000, account="acct_A")["id"]
+    sc = sidecar(tmp_path, remotes, fake)
+    fake.fail_next("commit_then_drop")
+    lost = refused(lambda: keyed(sc, pi, "idem-lost-1", account="acct_A"))
+    assert outcome(lost) == "upstream_ambiguous"
+    assert sc.effect_state(f"refund:acct_A:{pi}") == "ambiguous"
+    yield sc, pi
+    sc.stop()
+
+
+def test_the_same_key_through_the_accounts_own_key_is_stripes_replay(
+    lost_on_a: tuple[Sidecar, str], fake: FakeStripe
+) -> None:
+    sc, pi = lost_on_a
+
+    replayed = keyed(sc, pi, "idem-lost-1", key=OWN_KEY)  # one account, one idempotency scope
+
+    assert replayed.amount == 100
+    assert refunds_of(fake, "acct_A", pi) == 1
+    assert sc.effect_state(f"refund:acct_A:{pi}") == "committed"
+    again = refused(lambda: keyed(sc, pi, "idem-new-2", key=OWN_KEY))
+    assert outcome(again) == "duplicate"
+    assert refunds_of(fake, "acct_A", pi) == 1
+
+
+def test_the_same_key_through_another_accounts_scope_settles_nothing(
+    lost_on_a: tuple[Sidecar, str], fake: FakeStripe
+) -> None:
+    sc, pi = lost_on_a
+    posts = fake.count("POST")
+
+    # The platform's key with no Stripe-Account acts on the platform: another effect key
+    # (Stripe has no refund under this idempotency key there, and no such payment).
+    elsewhere = refused(lambda: keyed(sc, pi, "idem-lost-1"))
+    # acct_A's own key naming its own account, under a new key: the same effect, ambiguous.
+    named = refused(lambda: keyed(sc, pi, "idem-other-3", key=OWN_KEY, account="acct_A"))
+
+    assert elsewhere.http_status == 404, elsewhere  # Stripe's own answer: no such payment
+    assert sc.effect_state(f"refund:{fake.platform_id}:{pi}") == "failed"
+    assert named.http_status == 409 and outcome(named) == "ambiguous", named
+    assert fake.count("POST") - posts == 1  # the platform's refund of a payment it lacks
+    assert refunds_of(fake, "acct_A", pi) == 1
+    assert sc.effect_state(f"refund:acct_A:{pi}") == "ambiguous"
+
+
+def test_self_under_two_keys_is_no_replay_of_one_scope_in_another(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes], fake: FakeStripe
+) -> None:
+    # A policy that does not read account: acct_A's own key and the platform's key are both
+    # `self`, one action, so the same Idempotency-Key is forwarded as a replay; Stripe finds
+    # nothing under it on the platform (no such payment), and that settles nothing.
+    pi = fake.add_payment_intent(amount=5000, account="acct_A")["id"]
+    sc = sidecar(tmp_path, remotes, fake, policy=POLICY)
+    try:
+        fake.fail_next("commit_then_drop")
+        assert outcome(refused(lambda: keyed(sc, pi, "idem-self-1", key=OWN_KEY))) == (
+            "upstream_ambiguous"
+        )
+        other = refused(lambda: keyed(sc, pi, "idem-self-1"))
+        mine = keyed(sc, pi, "idem-self-1", key=OWN_KEY)
+    finally:
+        sc.stop()
+
+    assert outcome(other) == "ambiguous", other
+    assert mine.amount == 100  # Stripe's replay on acct_A settles it
+    assert refunds_of(fake, "acct_A", pi) == 1
+    assert sc.effect_state(f"refund:{pi}") == "committed"
