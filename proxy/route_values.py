@@ -269,9 +269,9 @@ def path_segments(path: str) -> list[str]:
     segments = []
     for part in parts:
         segment = unquote_strict(part, plus=False)
-        if segment in ("", ".", "..") or "/" in segment:
-            raise BadInput(
-                f"the path {shown(path)} is ambiguous (empty, dot or encoded '/' segment)"
+        if segment in ("", ".", "..") or any(c in segment for c in "/%?#"):  # %2573 is s, decoded
+            raise BadInput(  # again by a proxy (nginx, IIS) in front of the remote
+                f"the path {shown(path)} is ambiguous (empty, dot or encoded '/', '%', '?' or '#')"
             )
         if _CONTROL.search(segment):
             raise BadInput(f"the path {shown(path)} contains a control character")

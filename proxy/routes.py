@@ -16,6 +16,7 @@ upstreams use only their own ``routes:``.
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from typing import Any
 
 from .config import Upstream
@@ -116,7 +117,8 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
         if near is not None:
             return Invalid(
                 f"{method} {shown(request.path)} is not the path of route {near} as written, "
-                "but a server may read it as that route (ignoring case or a '.format' suffix); "
+                "but a server may read it as that route (ignoring case or a '.format' suffix, or "
+                "folding Unicode); "
                 "send the route's own path"
             )
     if upgrade and isinstance(result, Unmapped):
@@ -167,19 +169,32 @@ def _near_route(upstream: Upstream, method: str, segments: list[str]) -> str | N
         ]
     else:
         routes = [(r.method.upper(), r.path, r.action) for r in upstream.routes]
+    forms = [_loose(segments), _loose(_decoded_again(segments))]
+    for route_method, template, action in routes:
+        compiled = compile_path(template)
+        if route_method != method or compiled is None:
+            continue
+        for loose in forms:
+            if len(compiled) == len(loose) and all(
+                is_param or text.casefold() == got
+                for (is_param, text), got in zip(compiled, loose, strict=True)
+            ):
+                return f"{route_method} {template} ({action})"
+    return None
+
+
+def _loose(segments: list[str]) -> list[str]:
     loose = [segment.casefold().rstrip(" .") for segment in segments]  # IIS drops those
     if loose:
         loose[-1] = loose[-1].rsplit(".", 1)[0] if "." in loose[-1][1:] else loose[-1]
-    for route_method, template, action in routes:
-        compiled = compile_path(template)
-        if route_method != method or compiled is None or len(compiled) != len(loose):
-            continue
-        if all(
-            is_param or text.casefold() == got
-            for (is_param, text), got in zip(compiled, loose, strict=True)
-        ):
-            return f"{route_method} {template} ({action})"
-    return None
+    return loose
+
+
+def _decoded_again(segments: list[str]) -> list[str]:
+    """The path as a server that folds Unicode reads it (NFKC: 'ｓend' is 'send', a no-break
+    space a space), a '+' as the space PHP's and form decoders make of it. ('%', '?' and '#'
+    are refused in a path already: decoded again, they are another path.)"""
+    return [unicodedata.normalize("NFKC", s.replace("+", " ")) for s in segments]
 
 
 def _is_watch(request: Request) -> bool:

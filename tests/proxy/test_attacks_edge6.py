@@ -24,8 +24,9 @@ from test_recognize import Clock, Resolver
 from test_tunnels import context
 
 from ctrlrun.proxy import recognize
-from ctrlrun.proxy.config import Upstream
+from ctrlrun.proxy.config import Route, Upstream
 from ctrlrun.proxy.recognize import Recognizer
+from ctrlrun.proxy.routes import Invalid, Mapped, Request, Unmapped, map_request
 from ctrlrun.proxy.tunnels import GuardedNextLayer
 
 UP = Upstream("billing", "http", "http://127.0.0.1:8088", "http", "127.0.0.1", 8088)
@@ -133,3 +134,71 @@ def test_an_upstreams_own_literal_address_is_never_forgotten() -> None:
         assert (await rec.destination("127.1", 8088)).upstream is UP
 
     asyncio.run(rotate())
+
+
+# -- a path a server behind a decoding proxy reads as a route ----------------------------
+# Under ``unmapped_writes: allow`` a write no route maps is forwarded, recorded as unmapped.
+# A proxy in front of the remote that decodes the path before passing it on (nginx with a
+# URI in proxy_pass or $uri, IIS's double decoding) makes '%2573end' 'send' and 'send%3Fx'
+# 'send?x', the route with a query; a server folding Unicode reads 'ｓend' as 'send'. Each
+# was forwarded undecided as an unmapped write. A path holding an encoded '%', '?' or '#' is
+# refused now (a route's parameter too: 'in_%2531' is in_1 there, a fresh effect key here),
+# and one that is a route's once Unicode is folded is refused as a route's near spelling.
+
+OPEN = Upstream(
+    "billing",
+    "http",
+    "http://b:80",
+    "http",
+    "b",
+    80,
+    routes=(Route("POST", "/v1/invoices/{invoice}/send", "billing.send"),),
+    unmapped_writes="allow",
+)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/invoices/in_1/%2573end",  # decoded twice
+        "/v1/invoices/in_1/send%3Fx=1",  # decoded, then the query cut off
+        "/v1/invoices/in_1/send%3F",
+        "/v1/invoices/in_1/send%23x",
+        "/v1/invoices/in_1/send%253Bx",
+        "/v1/%2569nvoices/in_1/send",
+        "/v1/invoices/in_1/%EF%BD%93end",  # full-width s: NFKC folds it
+        "/v1/invoices/in_1/send%C2%A0",  # a no-break space
+        "/v1/invoices/in_1/send+",  # '+' decoded as a space, then trimmed
+    ],
+)
+def test_a_path_a_server_decodes_again_into_a_route_is_refused_not_unmapped(path: str) -> None:
+    result = map_request(OPEN, Request("POST", path))
+    reasons = ("may read it as that route", "ambiguous")
+    assert isinstance(result, Invalid) and any(r in result.reason for r in reasons), result
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/invoices/in_1/sent",
+        "/v1/invoices/in_1/send%2Bx",  # 'send+x': another word, even decoded again
+        "/v1/invoices/in_1/send/more",
+    ],
+)
+def test_other_paths_stay_unmapped(path: str) -> None:
+    assert isinstance(map_request(OPEN, Request("POST", path)), Unmapped), path
+    assert isinstance(map_request(OPEN, Request("POST", "/v1/invoices/in_1/send")), Mapped)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/invoices/in_%2531/send",  # in_1 to a server that decodes twice: a fresh key here
+        "/v1/invoices/in_1%3F/send",  # POST /v1/invoices/in_1 with a query, decoded again
+        "/v1/invoices/in_1%23/send",
+        "/v1/invoices/a%252Fb/send",
+    ],
+)
+def test_a_route_parameter_a_second_decoding_reads_otherwise_is_refused(path: str) -> None:
+    result = map_request(OPEN, Request("POST", path))
+    assert isinstance(result, Invalid) and "ambiguous" in result.reason, result
