@@ -9,6 +9,7 @@ sidecar on the same ledger talking to the fake Stripe itself.
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any, cast
 import httpx
 import pytest
 from harness import POLICY, STRIPE_KEY, Sidecar, start_sidecar
+from mcp_support import receipt_meta, session, start_mcp_sidecar
 from sqlalchemy import update
 from stripe_support import outcome, refused
 from stripe_support import stripe_client as client_for
@@ -26,6 +28,7 @@ from stripe_support import stripe_client as client_for
 from ctrlrun.action import iso, utc_now
 from ctrlrun.schema import effects
 from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing.stripe_mcp import FakeStripeMcp
 
 pytestmark = pytest.mark.timeout(180)
 OWN_KEY = "sk_test_acctA_own_key_5"  # acct_A's own secret key
@@ -429,3 +432,34 @@ def test_self_under_two_keys_is_no_replay_of_one_scope_in_another(
     assert mine.amount == 100  # Stripe's replay on acct_A settles it
     assert refunds_of(fake, "acct_A", pi) == 1
     assert sc.effect_state(f"refund:{pi}") == "committed"
+
+
+def test_an_mcp_refund_recorded_as_self_is_a_duplicate_after_the_upgrade(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes], fake: FakeStripe, before: Before
+) -> None:
+    pi = fake.add_payment_intent(amount=5000)["id"]
+
+    async def through_mcp(sc: Sidecar) -> Any:
+        async with session(server.url, sc.proxy_url) as s:
+            return await s.call_tool("create_refund", {"payment_intent": pi, "amount": 100})
+
+    with FakeStripeMcp(fake, json_response=True) as server:
+        old = start_mcp_sidecar(tmp_path, cast(FakeStripe, before), remotes[1], server)
+        try:
+            first = asyncio.run(through_mcp(old))
+        finally:
+            old.stop()
+        assert not first.isError, first
+        assert old.effect_state(f"refund:self:{pi}") == "committed"
+
+        new = start_mcp_sidecar(tmp_path, fake, remotes[1], server, reconcile="off")
+        try:
+            again = asyncio.run(through_mcp(new))
+            rest = refused(lambda: refund(new, pi))
+        finally:
+            new.stop()
+
+    assert again.isError and receipt_meta(again)["outcome"] == "duplicate", again
+    assert receipt_meta(again)["effect_key"] == f"refund:self:{pi}"
+    assert rest.http_status == 409 and outcome(rest) == "duplicate", rest
+    assert refunds_of(fake, None, pi) == 1
