@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from harness import STRIPE_KEY, Sidecar
-from mcp_support import start_mcp_sidecar
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.stripe_mcp import FakeStripeMcp
@@ -27,18 +25,8 @@ PING = b'{"jsonrpc":"2.0","id":9,"method":"ping"}'
 
 
 @pytest.fixture
-def mcp_server(fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[FakeStripeMcp]:
-    with FakeStripeMcp(fakes[0], json_response=True) as server:
-        yield server
-
-
-@pytest.fixture
-def sc(
-    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
-) -> Iterator[Sidecar]:
-    sidecar = start_mcp_sidecar(tmp_path, fakes[0], fakes[1], mcp_server)
-    yield sidecar
-    sidecar.stop()
+def sc(mcp_sidecar: Sidecar) -> Sidecar:
+    return mcp_sidecar  # the conftest's, in front of its mcp_server
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, running_sidecar
 from test_mcp_wire import Raw, call
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -92,9 +92,8 @@ def sc(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], orders: Orders
 ) -> Iterator[Sidecar]:
     text = POLICY.format(url=orders.server.url)
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
-    yield sidecar
-    sidecar.stop()
+    with running_sidecar(tmp_path, *fakes, policy_text=text, in_process=True) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from harness import Sidecar
 from mcp.types import CallToolResult
-from mcp_support import ledger_json, receipt_meta, session, start_mcp_sidecar, text
+from mcp_support import ledger_json, receipt_meta, session, text
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.stripe_mcp import FakeStripeMcp
@@ -28,12 +27,8 @@ def mcp_server(
 
 
 @pytest.fixture
-def sc(
-    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
-) -> Iterator[Sidecar]:
-    sidecar = start_mcp_sidecar(tmp_path, fakes[0], fakes[1], mcp_server)
-    yield sidecar
-    sidecar.stop()
+def sc(mcp_sidecar: Sidecar) -> Sidecar:
+    return mcp_sidecar  # the conftest's, in front of its mcp_server
 
 
 def test_refund_once_then_duplicate_and_payout_denied(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, running_sidecar
 from mcp_support import POLICY, ledger_json
 from test_mcp_wire import Raw, call
 
@@ -47,9 +47,8 @@ def sc(
     servers: tuple[FakeStripeMcp, FakeStripeMcp],
 ) -> Iterator[Sidecar]:
     text = POLICY.format(mcp=servers[0].url) + GENERIC.format(url=servers[1].url)
-    sidecar = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
-    yield sidecar
-    sidecar.stop()
+    with running_sidecar(tmp_path, *fakes, policy_text=text, in_process=True) as sidecar:
+        yield sidecar
 
 
 def refund(raw: Raw, rid: int, pi: str, name: str = "create_refund") -> dict[str, Any]:
@@ -150,8 +149,9 @@ def test_reconcile_asks_stripes_rest_api_about_an_mcp_refund(
     with the upstream's api_key_env, at its api_url (the sidecar holds no request then)."""
     stripe = fakes[0]
     text = POLICY.format(mcp=servers[0].url)
-    sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True, reconcile="lazy")
-    try:
+    with running_sidecar(
+        tmp_path, *fakes, policy_text=text, in_process=True, reconcile="lazy"
+    ) as sc:
         pi = stripe.add_payment_intent(amount=5000)["id"]
         raw = Raw(servers[0].url, sc.proxy_url)
         raw.open()
@@ -164,5 +164,3 @@ def test_reconcile_asks_stripes_rest_api_about_an_mcp_refund(
         assert sc.effect_state(key) == "committed"
         assert meta(refund(raw, 2, pi))["outcome"] == "duplicate"
         assert len(stripe.refunds) == 1
-    finally:
-        sc.stop()

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from harness import STRIPE_KEY, Sidecar
-from mcp_support import start_mcp_sidecar
 from stripe_support import refund, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -27,18 +24,8 @@ INIT = (
 
 
 @pytest.fixture
-def mcp_server(fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[FakeStripeMcp]:
-    with FakeStripeMcp(fakes[0], json_response=True) as server:
-        yield server
-
-
-@pytest.fixture
-def sc(
-    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], mcp_server: FakeStripeMcp
-) -> Iterator[Sidecar]:
-    sidecar = start_mcp_sidecar(tmp_path, fakes[0], fakes[1], mcp_server)
-    yield sidecar
-    sidecar.stop()
+def sc(mcp_sidecar: Sidecar) -> Sidecar:
+    return mcp_sidecar  # the conftest's, in front of its mcp_server
 
 
 class Raw:
