@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar, start_sidecar
 from stripe_support import ctrlrun_block, receipts_for, refund, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -76,8 +76,9 @@ def test_past_the_budget_the_approval_queue_cap_holds_and_under_it_nothing_waits
     capped = OVER_APPROVE.replace("    approvals_required: 2\n", "", 1)
     capped += "limits: {{pending_approvals_per_agent: 1}}\n"
     fake, kube = fakes
-    sc = start_sidecar(tmp_path, fake, kube, policy_text=capped, reconcile="off", in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path, fake, kube, policy_text=capped, reconcile="off", in_process=True
+    ) as sc:
         client = stripe_client(sc.stripe_base)
         pis = [fake.add_payment_intent(amount=5000)["id"] for _ in range(4)]
         refund(client, pis[0], 990)
@@ -87,5 +88,3 @@ def test_past_the_budget_the_approval_queue_cap_holds_and_under_it_nothing_waits
         full = ctrlrun_block(refused(lambda: refund(client, pis[3], 10)))
         assert (full["outcome"], full["reason"]) == ("denied", "approval_queue_full")
         assert sum(int(r["amount"]) for r in fake.refunds) == 1000
-    finally:
-        sc.stop()

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
-from harness import KUBE_TOKEN, start_sidecar
+from harness import KUBE_TOKEN, running_sidecar
 from otel_support import memory_exporter
 from stripe_support import receipts_for
 
@@ -14,31 +14,26 @@ from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+SCALE = "/apis/apps/v1/namespaces/default/deployments/checkout/scale"
+HEADERS = {
+    "Content-Type": "application/merge-patch+json",
+    "Authorization": f"Bearer {KUBE_TOKEN}",
+    "traceparent": TRACEPARENT,
+}
 
 
 def test_json_logs_one_object_per_line_with_each_decision(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = fakes
-    sc = start_sidecar(tmp_path, stripe, kube, extra_args=("--log-format", "json"))
-    scale = f"{sc.kube_base}/apis/apps/v1/namespaces/default/deployments/checkout/scale"
-    headers = {
-        "Content-Type": "application/merge-patch+json",
-        "Authorization": f"Bearer {KUBE_TOKEN}",
-        "traceparent": TRACEPARENT,
-    }
-    try:
-        with httpx.Client(timeout=15, trust_env=False) as client:
-            assert (
-                client.patch(scale, headers=headers, content=b'{"spec":{"replicas":4}}').status_code
-                == 200
-            )
-            assert (
-                client.patch(scale, headers=headers, content=b'{"spec":{"replicas":4}}').status_code
-                == 403
-            )
-    finally:
-        sc.stop()
+    with (
+        running_sidecar(tmp_path, stripe, kube, extra_args=("--log-format", "json")) as sc,
+        httpx.Client(timeout=15, trust_env=False) as client,
+    ):
+        scale = f"{sc.kube_base}{SCALE}"
+        body = b'{"spec":{"replicas":4}}'
+        assert client.patch(scale, headers=HEADERS, content=body).status_code == 200
+        assert client.patch(scale, headers=HEADERS, content=body).status_code == 403
     lines = [line for line in sc.log.read_text().splitlines() if line.strip()]
     docs = [json.loads(line) for line in lines]  # every line is a JSON object
     assert all({"ts", "level", "logger", "message"} <= set(d) for d in docs)
@@ -66,21 +61,14 @@ def test_each_protected_request_is_a_span_under_the_agents_traceparent(
 ) -> None:
     exporter = memory_exporter()
     stripe, kube = fakes
-    sc = start_sidecar(tmp_path, stripe, kube, in_process=True)
-    scale = f"{sc.kube_base}/apis/apps/v1/namespaces/default/deployments/checkout/scale"
-    headers = {
-        "Content-Type": "application/merge-patch+json",
-        "Authorization": f"Bearer {KUBE_TOKEN}",
-        "traceparent": TRACEPARENT,
-    }
-    body = b'{"spec":{"replicas":5}}'
-    try:
-        with httpx.Client(timeout=15, trust_env=False) as client:
-            assert client.patch(scale, headers=headers, content=body).status_code == 200
-            assert client.patch(scale, headers=headers, content=body).status_code == 403
-            assert client.get(scale, headers=headers).status_code == 200  # a read: no span
-    finally:
-        sc.stop()
+    with (
+        running_sidecar(tmp_path, stripe, kube, in_process=True) as sc,
+        httpx.Client(timeout=15, trust_env=False) as client,
+    ):
+        scale, body = f"{sc.kube_base}{SCALE}", b'{"spec":{"replicas":5}}'
+        assert client.patch(scale, headers=HEADERS, content=body).status_code == 200
+        assert client.patch(scale, headers=HEADERS, content=body).status_code == 403
+        assert client.get(scale, headers=HEADERS).status_code == 200  # a read: no span
     spans = [s for s in exporter.get_finished_spans() if s.name == "k8s.scale"]
     assert len(spans) == 2 and len(exporter.get_finished_spans()) == 2
     for span in spans:

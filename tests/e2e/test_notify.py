@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, fake_remotes, running_sidecar
 
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Policy
 from ctrlrun.proxy.config_parse import SECTIONS
 from ctrlrun.proxy.notify import NOTIFY, sign
-from ctrlrun.testing import FakeKubernetes, FakeStripe
+from ctrlrun.testing import FakeStripe
 
 SECRET = "whsec_test_0123456789"
 AUTH = {"Authorization": "Bearer sk_test_notify"}
@@ -90,19 +90,12 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def notified(tmp_path: Path, receiver: Receiver) -> Iterator[tuple[Sidecar, FakeStripe]]:
     policy = POLICY + f"notify:\n  - {{{{url: '{receiver.url}', secret_env: WEBHOOK_SECRET}}}}\n"
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        sc = start_sidecar(
-            tmp_path,
-            stripe,
-            kube,
-            policy_text=policy,
-            in_process=True,
-            env={"WEBHOOK_SECRET": SECRET},
-        )
-        try:
-            yield sc, stripe
-        finally:
-            sc.stop()
+    env = {"WEBHOOK_SECRET": SECRET}
+    with (
+        fake_remotes() as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True, env=env) as sc,
+    ):
+        yield sc, stripe
 
 
 def big_refund(sc: Sidecar, pi: str, approval: str | None = None) -> httpx.Response:
@@ -189,30 +182,27 @@ def test_a_request_nobody_answers_is_told_expired_when_its_time_is_up(
 
     monkeypatch.setattr(server, "EXPIRE_INTERVAL", 0.2)
     policy = POLICY + f"notify:\n  - {{{{url: '{receiver.url}', secret_env: WEBHOOK_SECRET}}}}\n"
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        sc = start_sidecar(
-            tmp_path, stripe, kube, policy_text=policy, in_process=True,
-            env={"WEBHOOK_SECRET": SECRET},
-        )  # fmt: skip
-        try:
-            stripe.add_payment_intent("pi_late", 500_000)
-            request_id = big_refund(sc, "pi_late").json()["ctrlrun"]["request_id"]
-            receiver.wait_for("approval.requested", timeout=2.0)
-            store = sc.store()
-            with store.transaction() as conn:  # its fifteen minutes, passed
-                conn.exec_driver_sql(
-                    "UPDATE approvals SET expires_at = '2000-01-01T00:00:00.000000Z' "
-                    "WHERE approval_id = ?",
-                    (request_id,),
-                )
-            store.close()
-            expired = receiver.wait_for("approval.expired", timeout=5.0)
-            assert expired["approval_id"] == request_id
-            listed = sc.cli("approvals", "--store-url", sc.store_url).stdout
-            assert request_id not in listed  # no longer offered to anybody
-            late = sc.cli("approve", request_id, "--as", "alice", "--store-url", sc.store_url)
-            assert late.returncode == 1 and "expired" in late.stderr
-            time.sleep(0.6)  # a few more rounds: it is told once
-            assert receiver.types().count("approval.expired") == 1
-        finally:
-            sc.stop()
+    env = {"WEBHOOK_SECRET": SECRET}
+    with (
+        fake_remotes() as (stripe, kube),
+        running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True, env=env) as sc,
+    ):
+        stripe.add_payment_intent("pi_late", 500_000)
+        request_id = big_refund(sc, "pi_late").json()["ctrlrun"]["request_id"]
+        receiver.wait_for("approval.requested", timeout=2.0)
+        store = sc.store()
+        with store.transaction() as conn:  # its fifteen minutes, passed
+            conn.exec_driver_sql(
+                "UPDATE approvals SET expires_at = '2000-01-01T00:00:00.000000Z' "
+                "WHERE approval_id = ?",
+                (request_id,),
+            )
+        store.close()
+        expired = receiver.wait_for("approval.expired", timeout=5.0)
+        assert expired["approval_id"] == request_id
+        listed = sc.cli("approvals", "--store-url", sc.store_url).stdout
+        assert request_id not in listed  # no longer offered to anybody
+        late = sc.cli("approve", request_id, "--as", "alice", "--store-url", sc.store_url)
+        assert late.returncode == 1 and "expired" in late.stderr
+        time.sleep(0.6)  # a few more rounds: it is told once
+        assert receiver.types().count("approval.expired") == 1

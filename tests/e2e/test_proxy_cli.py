@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness import KUBE_TOKEN, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, Sidecar, clean_env, running_sidecar
 from inprocess import cli
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -161,22 +161,16 @@ def test_check_refuses_a_missing_policy_a_busy_port_and_an_unreachable_store(
 def running(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """``ctrlrun proxy`` as a subprocess: its signals are the point."""
     stripe, kube = fakes
-    sc = start_sidecar(tmp_path, stripe, kube, admin=True)
-    try:
+    with running_sidecar(tmp_path, stripe, kube, admin=True) as sc:
         yield sc
-    finally:
-        sc.stop()
 
 
 @pytest.fixture
 def admin_sidecar(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
     """The proxy with its admin listener, in this process."""
     stripe, kube = fakes
-    sc = start_sidecar(tmp_path, stripe, kube, admin=True, in_process=True)
-    try:
+    with running_sidecar(tmp_path, stripe, kube, admin=True, in_process=True) as sc:
         yield sc
-    finally:
-        sc.stop()
 
 
 def patch_scale(sc: Sidecar, replicas: int) -> httpx.Response:

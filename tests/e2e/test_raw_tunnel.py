@@ -12,10 +12,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from harness import Sidecar, start_sidecar
+from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import ByteRecorder
-
-from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -34,19 +32,15 @@ upstreams:
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, ByteRecorder]]:
     recorder = ByteRecorder()
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        sc = start_sidecar(
-            tmp_path,
-            stripe,
-            kube,
-            policy_text=POLICY.replace("{port}", str(recorder.port)),
-            in_process=True,
-        )
-        try:
+    text = POLICY.replace("{port}", str(recorder.port))
+    try:
+        with (
+            fake_remotes() as (stripe, kube),
+            running_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True) as sc,
+        ):
             yield sc, recorder
-        finally:
-            sc.stop()
-            recorder.sock.close()
+    finally:
+        recorder.sock.close()
 
 
 REQUEST = b"POST /v1/invoices/in_1/send HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 0\r\n\r\n"

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import KUBE_TOKEN, Sidecar, start_sidecar, time_passes
+from harness import KUBE_TOKEN, Sidecar, running_sidecar, start_sidecar, time_passes
 from sqlalchemy import update
 
 from ctrlrun import clocks
@@ -127,16 +127,15 @@ def test_the_sweep_settles_an_ambiguous_effect_without_a_retry(
     tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     stripe, kube = fakes
-    sc = start_sidecar(tmp_path, stripe, kube, reconcile="lazy", sweep_interval=1, in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path, stripe, kube, reconcile="lazy", sweep_interval=1, in_process=True
+    ) as sc:
         kube.fail_next("commit_then_drop")
         lost = patch_scale(sc, 6)
         assert lost.status_code == 504
         assert lost.json()["ctrlrun"]["reason"] == "reconciler: not asked"  # lazy: no eager call
 
         wait_state(sc, KEY, "committed")
-    finally:
-        sc.stop()
     assert kube.count("PATCH") == 1  # nobody retried
     assert kube.writes_applied == 1
     swept = [
@@ -155,8 +154,9 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
 ) -> None:
     stripe, kube = fakes
     kube.add_deployment(namespace="default", name="web", replicas=2)
-    sc = start_sidecar(tmp_path, stripe, kube, reconcile="lazy", sweep_interval=0, in_process=True)
-    try:
+    with running_sidecar(
+        tmp_path, stripe, kube, reconcile="lazy", sweep_interval=0, in_process=True
+    ) as sc:
         kube.fail_next("commit_then_drop")
         assert patch_scale(sc, 6).status_code == 504
         kube.fail_next("reset_before")
@@ -185,8 +185,6 @@ def test_ctrlrun_reconcile_settles_ambiguous_effects_both_ways(
         assert kube.writes_applied == writes
         assert patch_scale(sc, 5, "web").status_code == 200  # failed: a retry may run
         assert patch_scale(sc, 6).status_code == 403  # committed: a duplicate
-    finally:
-        sc.stop()
 
 
 def killed_mid_request(

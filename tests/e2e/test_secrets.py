@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, running_sidecar
 from stripe_support import CLIENT_TIMEOUT, outcome, refund, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -45,18 +45,15 @@ def used(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeStripe, FakeKubernetes]]
     text = POLICY + f"agents:\n  {AGENT}: {{{{token_env: E2E_PROXY_TOKEN}}}}\n"
     with FakeStripe() as fake, FakeKubernetes() as kube:
         kube.add_deployment(namespace="default", name="checkout", replicas=3)
-        sc = start_sidecar(
+        with running_sidecar(
             tmp_path / "sidecar",
             fake,
             kube,
             policy_text=text,
             reconcile="eager",
             env=clean_env(E2E_PROXY_TOKEN=PROXY_TOKEN),
-        )
-        try:
+        ) as sc:
             yield sc, fake, kube
-        finally:
-            sc.stop()
 
 
 def drive_stripe(sc: Sidecar, fake: FakeStripe) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import kubernetes.client
 import pytest
-from harness import POLICY, Sidecar, start_sidecar
+from harness import POLICY, Sidecar, running_sidecar
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 from ctrlrun.testing.messages import Request, Response
@@ -43,14 +43,13 @@ def sc(tmp_path: Path, kube: RecordingKubernetes) -> Iterator[Sidecar]:
     token.write_text(SA_TOKEN + "\n")
     anchor = "    cluster: prod-eu\n"
     text = POLICY.replace(anchor, f"{anchor}    token_file: {token}\n")
-    with FakeStripe() as stripe_fake:
-        sidecar = start_sidecar(
+    with (
+        FakeStripe() as stripe_fake,
+        running_sidecar(
             tmp_path / "sc", stripe_fake, kube, policy_text=text, in_process=True
-        )
-        try:
-            yield sidecar
-        finally:
-            sidecar.stop()
+        ) as sidecar,
+    ):
+        yield sidecar
 
 
 def apps(base: str, token: str | None = None, proxy: str | None = None) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import KUBE_TOKEN, STRIPE_KEY, Sidecar, start_sidecar
+from harness import KUBE_TOKEN, STRIPE_KEY, Sidecar, running_sidecar
 from mcp_support import POLICY, ledger_json, start_mcp_sidecar
 from otel_support import json_lines, memory_exporter
 
@@ -125,9 +125,8 @@ def test_each_tool_call_is_a_span_and_its_decision_line_carries_the_fields(
 
 @pytest.fixture
 def kube_sidecar(tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]) -> Iterator[Sidecar]:
-    sc = start_sidecar(tmp_path, fakes[0], fakes[1], in_process=True)
-    yield sc
-    sc.stop()
+    with running_sidecar(tmp_path, fakes[0], fakes[1], in_process=True) as sc:
+        yield sc
 
 
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments/checkout"
@@ -193,13 +192,10 @@ def test_an_unmapped_tool_call_forwarded_is_a_span_and_a_decision_line(
         FakeStripeMcp(fakes[0], json_response=True) as generic,
     ):
         text = POLICY.format(mcp=stripe_mcp.url) + GENERIC.format(url=generic.url)
-        sc = start_sidecar(tmp_path, *fakes, policy_text=text, in_process=True)
-        try:
+        with running_sidecar(tmp_path, *fakes, policy_text=text, in_process=True) as sc:
             mcp = Mcp(generic.url, sc.proxy_url)
             with json_lines() as docs:
                 got = mcp.post(call(1, "retrieve_balance"))
-        finally:
-            sc.stop()
     assert got.status_code == 200 and not got.json()["result"].get("isError")
     (span,) = exporter.get_finished_spans()
     assert span.name == "billing.unmapped_tool"

@@ -14,7 +14,7 @@ from pathlib import Path
 import kubernetes.client
 import kubernetes.watch
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, start_sidecar
+from harness import KUBE_TOKEN, POLICY, Sidecar, clean_env, running_sidecar
 from test_kubectl import KUBECONFIG, kubectl
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -86,8 +86,9 @@ def test_kubectl_delete_namespace_returns_when_the_namespace_is_gone(tmp_path: P
         FakeKubernetes(finalize_namespaces_after=FINALIZE_SECONDS) as kube,
     ):
         kube.add_namespace("doomed")
-        sidecar = start_sidecar(tmp_path / "sc", stripe, kube, policy_text=policy, in_process=True)
-        try:
+        with running_sidecar(
+            tmp_path / "sc", stripe, kube, policy_text=policy, in_process=True
+        ) as sidecar:
             home = tmp_path / "home"
             home.mkdir()
             config = KUBECONFIG.format(server=sidecar.kube_base, token=KUBE_TOKEN)
@@ -99,8 +100,6 @@ def test_kubectl_delete_namespace_returns_when_the_namespace_is_gone(tmp_path: P
             # Deleted at once, gone FINALIZE_SECONDS later: kubectl's watch saw it within 2 s.
             assert elapsed < FINALIZE_SECONDS + 2
             assert sidecar.effect_state("delete-ns:prod-eu:doomed") == "committed"
-        finally:
-            sidecar.stop()
 
 
 class Trickle:
@@ -159,12 +158,12 @@ def test_a_body_is_relayed_as_it_arrives(tmp_path: Path, framing: str, guarded: 
     policy = POLICY
     if guarded:  # a read of an upstream, or traffic to a host that is no upstream
         policy += f"  trickle:\n    profile: http\n    url: http://127.0.0.1:{trickle.port}\n"
-    with FakeStripe() as stripe, FakeKubernetes() as kube:
-        sidecar = start_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True)
-        try:
-            got = fetch_in_parts(sidecar.proxy_url, trickle)
-        finally:
-            sidecar.stop()
+    with (
+        FakeStripe() as stripe,
+        FakeKubernetes() as kube,
+        running_sidecar(tmp_path, stripe, kube, policy_text=policy, in_process=True) as sidecar,
+    ):
+        got = fetch_in_parts(sidecar.proxy_url, trickle)
     trickle.thread.join(15)
     assert b"first" in got and b"second" in got
     assert trickle.released_by_client is True  # the first part reached the client on its own
