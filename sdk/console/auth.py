@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ctrlrun.operators import Operator
 
 COOKIE = "ctrlrun_console"
+MIN_TOKEN = 16  # characters: a shorter token is too easy to guess, two guesses a second
 SESSION_TTL = 8 * 3600.0  # seconds an operator's session lasts
 ANONYMOUS_TTL = 15 * 60.0  # seconds a login form stays valid
 # Beyond these, the oldest of the kind are dropped, so memory stays bounded. Apart, so that
@@ -48,14 +49,17 @@ class Session:
 def tokens_from_env(
     operators: Mapping[str, Operator], environ: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
-    """Each operator's token (read once, at start) and the operators who have none set."""
+    """Each operator's token (read once, at start) and the operators who cannot log in: none
+    set, or one shorter than ``MIN_TOKEN`` (a word, a name: guessed at two tries a second)."""
     env = os.environ if environ is None else environ
     found: dict[str, str] = {}
     missing: list[str] = []
     for name, op in sorted(operators.items()):
         token = env.get(op.token_env, "")
-        if token:
+        if len(token) >= MIN_TOKEN:
             found[name] = token
+        elif token:
+            missing.append(f"{name} (${op.token_env}: fewer than {MIN_TOKEN} characters)")
         else:
             missing.append(f"{name} (${op.token_env})")
     return found, missing

@@ -267,6 +267,7 @@ def load_tokens(
         raise PolicyError(
             f"{path}: no operator can log in: set the token of at least one of "
             + ", ".join(missing)
+            + f" ({auth.MIN_TOKEN} characters or more, e.g. openssl rand -hex 24)"
         )
     return tokens, missing
 
@@ -305,7 +306,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
     if app.hosts is not None and public is not None:  # the Host a proxy passes on as sent
         app.hosts |= {public[1]}
     for who in missing:  # only once it starts: a refusal above stays one line
-        log.warning("console: operator %s has no token set and cannot log in", who)
+        log.warning("console: operator %s has no usable token and cannot log in", who)
     return server
 
 

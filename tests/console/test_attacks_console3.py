@@ -423,3 +423,27 @@ def test_answers_nobody_reads_do_not_lock_operators_out(lg: Ledger) -> None:
             for sock in socks:
                 sock.close()
     assert approval_status(lg, request_id) == "granted"
+
+
+# -- 6. guessing -------------------------------------------------------------------------------
+
+
+def test_a_token_short_enough_to_guess_cannot_log_in(
+    lg: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ctrlrun.console import ConsoleSettings, build
+    from ctrlrun.errors import PolicyError
+
+    settings = ConsoleSettings(listen="127.0.0.1:0", store_url=lg.url, policy=str(lg.policy))
+    with pytest.raises(PolicyError, match="16 characters or more") as refused:
+        build(settings, {"CONSOLE_ALICE": "alice", "CONSOLE_BOB": "hunter2-hunter2"})
+    assert "alice" in str(refused.value) and "hunter2" not in str(refused.value)
+    with caplog.at_level(logging.WARNING, logger="ctrlrun.console"):
+        srv = build(settings, {"CONSOLE_ALICE": "password", "CONSOLE_BOB": TOKENS["bob"]})
+    try:
+        assert set(srv.app.tokens) == {"bob"}  # alice's token is refused, never compared
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "alice" in said and "fewer than 16 characters" in said and "password" not in said
+    finally:
+        srv.server_close()
+        srv.app.store.close()

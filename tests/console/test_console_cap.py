@@ -235,6 +235,6 @@ def test_the_cap_is_at_least_one_and_the_cli_default_is_the_module_s(lg: Ledger)
         listen="127.0.0.1:0", store_url=lg.url, policy=str(lg.policy), max_connections=0
     )
     with pytest.raises(InvalidArgument, match="--max-connections 0"):
-        build(settings, {"CONSOLE_ALICE": "x"})
+        build(settings, {"CONSOLE_ALICE": "x" * 16})
     option = next(p for p in console_command.params if p.name == "max_connections")
     assert option.default == server.MAX_CONNECTIONS == ConsoleSettings().max_connections

@@ -459,7 +459,7 @@ def test_over_tls_the_cookie_is_secure_and_the_origin_https(lg: Ledger, tmp_path
                 policy=str(lg.policy),
                 tls_cert=str(tmp_path / "missing.pem"),
             ),
-            {"CONSOLE_ALICE": "x"},
+            {"CONSOLE_ALICE": "x" * 16},
         )
 
 

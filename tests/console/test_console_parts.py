@@ -102,8 +102,12 @@ def test_csrf_and_tokens_compare_exactly() -> None:
 
 def test_tokens_are_read_from_the_environment() -> None:
     ops = {"alice": Operator("alice", "T_A"), "bob": Operator("bob", "T_B")}
-    found, missing = auth.tokens_from_env(ops, {"T_A": "secret", "T_B": ""})
-    assert found == {"alice": "secret"} and missing == ["bob ($T_B)"]
+    strong = "s3cr3t-0f-16-chrs"
+    found, missing = auth.tokens_from_env(ops, {"T_A": strong, "T_B": ""})
+    assert found == {"alice": strong} and missing == ["bob ($T_B)"]
+    found, missing = auth.tokens_from_env(ops, {"T_A": strong[:15], "T_B": "x" * 16})
+    assert found == {"bob": "x" * 16}
+    assert missing == ["alice ($T_A: fewer than 16 characters)"]
 
 
 def test_the_cookie_and_reading_it_back() -> None:
