@@ -101,9 +101,6 @@ class DeclarativeReconciler(Remote):
             except TemplateSyntaxError as exc:
                 raise InvalidArgument(f"reconcile get of {action}: {exc}") from None
 
-    def __repr__(self) -> str:
-        return f"DeclarativeReconciler({self.base_url!r})"
-
     @classmethod
     def for_target(cls, target: DeclarativeTarget) -> DeclarativeReconciler:
         return cls(

@@ -234,6 +234,10 @@ class Remote:
         self.write_timeout = write_timeout  # the deadline the write was forwarded under
         self.settle_margin = settle_margin
 
+    def __repr__(self) -> str:
+        """The class and where it asks: never a token or an API key."""
+        return f"{type(self).__name__}({self.base_url!r})"
+
     def settle(self, verdict: Verdict, facts: EffectFacts) -> Verdict:
         """No ``not_executed`` while the attempt could still be applied (``settled_at``)."""
         if verdict[0] != "not_executed":

@@ -90,9 +90,6 @@ class KubernetesReconciler(Remote):
         self.token_file = token_file
         self._token = token
 
-    def __repr__(self) -> str:
-        return f"KubernetesReconciler({self.base_url!r})"
-
     @classmethod
     def for_target(cls, target: KubernetesTarget) -> KubernetesReconciler:
         return cls(

@@ -110,9 +110,6 @@ class StripeReconciler(Remote):
         self._api_key = api_key
         self._api_key_env = api_key_env  # read when asked, so the key is not kept here
 
-    def __repr__(self) -> str:
-        return f"StripeReconciler({self.base_url!r})"
-
     @classmethod
     def for_target(cls, target: StripeTarget) -> StripeReconciler:
         return cls(

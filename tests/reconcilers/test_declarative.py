@@ -143,7 +143,8 @@ def test_failures_are_unknown(billing: FakeBilling, closed_url: str, failure: st
     elif failure.isdigit():
         billing.fail_reads(int(failure))
     url = closed_url if failure == "unreachable" else billing.url
-    reconciler = DeclarativeReconciler(url, [("billing.send_invoice", SEND)], timeout=0.5)
+    reconciler = DeclarativeReconciler(url + "/", [("billing.send_invoice", SEND)], timeout=0.5)
+    assert repr(reconciler) == f"DeclarativeReconciler({url!r})"
     began = time.monotonic()
     assert reconciler(facts("billing.send_invoice", {"invoice_id": "in_1"})) == "unknown"
     assert time.monotonic() - began < 3

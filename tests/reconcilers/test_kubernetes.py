@@ -225,6 +225,7 @@ def test_bearer_token(
     assert reconciler(facts("k8s.scale", args, credentials=credentials)) == "committed"
     assert transport.seen == [sent]
     assert "explicit" not in repr(reconciler)
+    assert repr(reconciler) == f"KubernetesReconciler({kube_fake.url!r})"
 
 
 def test_for_target_reads_the_token_file_at_call_time_and_verifies_tls(tmp_path: Path) -> None:

@@ -261,6 +261,7 @@ def test_credentials(
     answer = reconciler(facts("stripe.cancel_payment_intent", args, credentials=credentials))
     assert answer == expected
     assert KEY not in repr(reconciler)
+    assert repr(reconciler) == f"StripeReconciler({stripe_fake.url!r})"
 
 
 @pytest.mark.parametrize(("trusted", "expected"), [(True, "committed"), (False, "unknown")])
