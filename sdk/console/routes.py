@@ -145,11 +145,13 @@ class Handler(BaseHTTPRequestHandler):
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         # The method and path only: never the query, never a header (cookies stay out).
         path = urlsplit(getattr(self, "path", "") or "").path  # unset: an unreadable request
-        shown = scope.shown(path) if path else "-"
-        log.info("%s %s %s %s", self.address_string(), self.command or "-", shown, code)
+        # Escaped: a control character in them (an ESC for the terminal) is the client's.
+        shown = one_line(scope.shown(path)) if path else "-"
+        method = one_line(self.command or "-")
+        log.info("%s %s %s %s", self.address_string(), method, shown, code)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.info("%s %s", self.address_string(), scope.redact(format % args))
+        log.info("%s %s", self.address_string(), one_line(scope.redact(format % args)))
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             reply = self._host_refusal(app) or route(app, path)
         except StoreError as exc:  # the ledger is down or lost: say so (its URL hides passwords)
-            log.error("console: %s %s: %s", self.command, scope.shown(path), exc)
+            log.error("console: %s %s: %s", self.command, one_line(scope.shown(path)), exc)
             reply = Reply(503, document("Unavailable", "", errors=[str(exc)]))
         except Exception as exc:  # a bug: a page, a log line, no traceback out
             where = "; ".join(
@@ -169,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
             log.error(
                 "console: %s %s failed: %s at %s",
                 self.command,
-                scope.shown(path),
+                one_line(scope.shown(path)),
                 type(exc).__name__,
                 where,
             )

@@ -447,3 +447,20 @@ def test_a_token_short_enough_to_guess_cannot_log_in(
     finally:
         srv.server_close()
         srv.app.store.close()
+
+
+def test_a_request_line_cannot_write_control_characters_into_the_log(
+    lg: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="ctrlrun.console"), running(lg) as srv:
+        host = srv.url.split("//")[1]
+        for line in [
+            b"GET /x\x1b[2J\x1b[31mconsole:\x07alice\x85logged\x00in HTTP/1.1",
+            b"G\x1b[2JET /login HTTP/1.1",  # a method it does not serve, quoted back
+            b"POST /s/\x1b]0;x\x07/approvals/answer HTTP/1.1",
+        ]:
+            raw(srv, line + f"\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) >= 3
+    for said in lines:
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]", said), said
