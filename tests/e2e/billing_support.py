@@ -15,8 +15,6 @@ from typing import Any
 from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import ByteRecorder
 
-from ctrlrun.receipts import load_receipts
-
 
 class Billing:
     """An HTTP server on loopback that answers 200 and keeps every request it is sent, as
@@ -102,9 +100,4 @@ def _sidecar_before(tmp_path: Path, policy: str, port: int) -> Iterator[Sidecar]
 
 def receipts(sc: Sidecar) -> list[tuple[str, str]]:
     """(action, result) of every receipt, in order."""
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            return [(r.action, r.result) for r in load_receipts(conn)]
-    finally:
-        store.close()
+    return [(r.action, r.result) for r in sc.receipts()]

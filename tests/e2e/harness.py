@@ -26,6 +26,8 @@ from ctrlrun.testing import FakeKubernetes, FakeStripe
 if TYPE_CHECKING:
     from inprocess import InProcess
 
+    from ctrlrun.receipts import Receipt
+
 STRIPE_KEY = "sk_test_e2e_4242424242"
 KUBE_TOKEN = "kube-e2e-token-7f3a9c"
 START = re.compile(r"proxy (?P<host>[\d.]+):(?P<port>\d+)")
@@ -82,6 +84,22 @@ class Sidecar:
             return None if rec is None else rec.state.value
         finally:
             store.close()
+
+    def receipts(self) -> list[Receipt]:
+        """Every receipt in the ledger, in chain order (read from the store, as ``store``)."""
+        from ctrlrun.receipts import load_receipts
+
+        store = self.store()
+        try:
+            with store.reading() as conn:
+                return load_receipts(conn)
+        finally:
+            store.close()
+
+    @property
+    def proxy_port(self) -> int:
+        """The port of the explicit proxy (``proxy_url``), on 127.0.0.1."""
+        return int(self.proxy_url.rsplit(":", 1)[1])
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """A ``ctrlrun`` command: in this process beside an in-process proxy, else a process."""

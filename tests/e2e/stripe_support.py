@@ -12,7 +12,6 @@ import stripe
 from harness import STRIPE_KEY, Sidecar
 
 from ctrlrun import ledger
-from ctrlrun.receipts import load_receipts
 from ctrlrun.states import EffectRecord
 
 CLIENT_TIMEOUT = 15  # seconds, for every request the official client makes
@@ -78,12 +77,7 @@ def effect(sc: Sidecar, key: str) -> EffectRecord | None:
 
 def receipts_for(sc: Sidecar, key: str) -> list[dict[str, Any]]:
     """Every receipt written for ``key``, oldest first (read from the store)."""
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            return [r.to_dict() for r in load_receipts(conn) if r.document.get("effect_key") == key]
-    finally:
-        store.close()
+    return [r.to_dict() for r in sc.receipts() if r.document.get("effect_key") == key]
 
 
 def timeline(sc: Sidecar) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import time
 import pytest
 from harness import Sidecar
 from rawproxy import connect, plain
-from test_recognition import HEADERS, SCALE, guarded, proxy_port, scale
+from test_recognition import HEADERS, SCALE, guarded, scale
 
 from ctrlrun.testing import FakeKubernetes
 
@@ -33,7 +33,7 @@ def test_more_spellings_and_zero_padded_ports_never_reach_it_unguarded(
     guarded: tuple[Sidecar, FakeKubernetes],
 ) -> None:
     sc, kube = guarded
-    p = proxy_port(sc)
+    p = sc.proxy_port
     tried = []
     for host in MORE:
         for port in (str(kube.port), f"0{kube.port}", f"00{kube.port}"):
@@ -57,7 +57,7 @@ def test_userinfo_and_a_disagreeing_host_header_do_not_carry_a_write_past_the_gu
     guarded: tuple[Sidecar, FakeKubernetes],
 ) -> None:
     sc, kube = guarded
-    p, k = proxy_port(sc), kube.port
+    p, k = sc.proxy_port, kube.port
     cases = [
         (f"http://user:pw@127.0.0.1:{k}{SCALE}", f"127.0.0.1:{k}"),
         (f"http://127.0.0.1:{k}{SCALE}", f"192.0.2.1:{k}"),
@@ -114,7 +114,7 @@ def test_a_tunnel_carries_no_denied_write_by_upgrade_framing_or_a_second_request
     guarded: tuple[Sidecar, FakeKubernetes],
 ) -> None:
     sc, kube = guarded
-    p, k = proxy_port(sc), kube.port
+    p, k = sc.proxy_port, kube.port
     here, body = f"127.0.0.1:{k}", scale(99)
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     get = f"GET {SCALE} HTTP/1.1\r\nHost: {here}\r\n\r\n".encode()
@@ -175,7 +175,7 @@ def test_ports_python_would_parse_and_unicode_names_idna_would_fold_are_refused(
     """``int()`` takes ``+N``, ``4_1631`` and non-ASCII digits; IDNA folds full-width letters
     and the ideographic full stop. None of them may name the upstream without its guard."""
     sc, kube = guarded
-    p, k = proxy_port(sc), str(kube.port)
+    p, k = sc.proxy_port, str(kube.port)
     wide = str.maketrans("0123456789", "０１２３４５６７８９")
     ports = [f"+{k}", f"{k[0]}_{k[1:]}", f" {k}", k.translate(wide)]
     hosts = ["ｌｏｃａｌｈｏｓｔ", "１２７.0.0.1", "localhost\u3002", "127\u30020\u30020\u30021"]

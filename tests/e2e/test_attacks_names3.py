@@ -170,7 +170,7 @@ def h2_read(sc: Sidecar, port: int, fields: list[tuple[str, str]]) -> int | None
         client_side=True, validate_outbound_headers=False, normalize_outbound_headers=False
     )
     conn = h2.connection.H2Connection(config)
-    with socket.create_connection(("127.0.0.1", int(sc.proxy_url.rsplit(":", 1)[1])), 20) as raw:
+    with socket.create_connection(("127.0.0.1", sc.proxy_port), 20) as raw:
         raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
         assert raw.recv(4096).startswith(b"HTTP/1.1 200")
         with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:

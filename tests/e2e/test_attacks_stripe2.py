@@ -21,7 +21,6 @@ import pytest
 from harness import POLICY, STRIPE_KEY, Sidecar, running_sidecar
 from test_attacks_stripe import FORM, post
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,12 +28,7 @@ AUTH = ("Authorization", f"Bearer {STRIPE_KEY}")
 
 
 def receipts(sidecar: Sidecar) -> list[str]:
-    store = sidecar.store()
-    try:
-        with store.reading() as conn:
-            return [r.result for r in load_receipts(conn)]
-    finally:
-        store.close()
+    return [r.result for r in sidecar.receipts()]
 
 
 @pytest.mark.parametrize(

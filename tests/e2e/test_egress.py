@@ -19,7 +19,6 @@ import pytest
 from harness import Sidecar, fake_remotes, free_port, running_sidecar
 from rawproxy import Recorder, connect, plain
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,24 +58,15 @@ def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes, Recorder]]:
         yield sc, kube, site
 
 
-def port_of(sc: Sidecar) -> int:
-    return int(sc.proxy_url.rsplit(":", 1)[1])
-
-
 def receipts(sc: Sidecar) -> list[dict[str, object]]:
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            return [r.to_dict() for r in load_receipts(conn)]
-    finally:
-        store.close()
+    return [r.to_dict() for r in sc.receipts()]
 
 
 def test_egress_deny_refuses_unlisted_hosts_with_a_receipt_and_passes_listed_ones(
     rig: tuple[Sidecar, FakeKubernetes, Recorder],
 ) -> None:
     sc, _, site = rig
-    proxy, r = port_of(sc), site.port
+    proxy, r = sc.proxy_port, site.port
     auth = {"Proxy-Authorization": CREDENTIAL}
 
     listed = plain(proxy, "GET", f"http://localhost:{r}/ok", f"localhost:{r}", headers=auth)
@@ -111,7 +101,7 @@ def test_no_proxy_authorization_reaches_any_remote(
     rig: tuple[Sidecar, FakeKubernetes, Recorder],
 ) -> None:
     sc, _, site = rig
-    proxy, r = port_of(sc), site.port
+    proxy, r = sc.proxy_port, site.port
     auth = {"Proxy-Authorization": CREDENTIAL}
     assert (
         plain(proxy, "GET", f"http://localhost:{r}/a", f"localhost:{r}", headers=auth).status == 200
@@ -127,7 +117,7 @@ def test_every_refusal_kind_leaves_a_receipt_without_the_body(
     rig: tuple[Sidecar, FakeKubernetes, Recorder],
 ) -> None:
     sc, kube, _ = rig
-    proxy, k = port_of(sc), kube.port
+    proxy, k = sc.proxy_port, kube.port
     target = f"http://127.0.0.1:{k}"
 
     def write(method: str, path: str, body: bytes, token: bool = True) -> int:
@@ -174,7 +164,7 @@ def test_no_proxy_authorization_reaches_a_guarded_upstream_either(tmp_path: Path
         listen = free_port()
         text = GUARDED_SITE.replace("SITE", str(site.port)).replace("LISTEN", str(listen))
         with running_sidecar(tmp_path, stripe, kube, policy_text=text, in_process=True) as sc:
-            proxy, r = port_of(sc), site.port
+            proxy, r = sc.proxy_port, site.port
             auth = {"Proxy-Authorization": CREDENTIAL}
             url = f"http://127.0.0.1:{r}"
             # Through the explicit proxy: a read (mitmproxy forwards it), a write (ctrlrun does).

@@ -17,7 +17,6 @@ from harness import KUBE_TOKEN, Sidecar, running_sidecar
 from kubernetes.client.rest import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,10 +80,5 @@ def test_the_in_cluster_client_dialling_the_ip_is_decided_by_policy(
     assert api.read_namespaced_deployment_scale("checkout", "default").spec.replicas == 5
 
     assert kube.count("PATCH") == 1 and kube.replicas("default", "checkout") == 5
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            got = [(r.action, r.result) for r in load_receipts(conn)]
-    finally:
-        store.close()
+    got = [(r.action, r.result) for r in sc.receipts()]
     assert got == [("k8s.scale", "committed"), ("k8s.scale", "denied")]

@@ -18,7 +18,6 @@ import pytest
 from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import plain
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,10 +56,6 @@ def rig(tmp_path: Path) -> Iterator[tuple[Sidecar, FakeKubernetes]]:
         yield sc, kube
 
 
-def port_of(sc: Sidecar) -> int:
-    return int(sc.proxy_url.rsplit(":", 1)[1])
-
-
 def closed_by_peer(sock: socket.socket, deadline: float) -> bool:
     """Whether the proxy closes ``sock`` before ``deadline`` (monotonic)."""
     while time.monotonic() < deadline:
@@ -82,7 +77,7 @@ def test_a_slowloris_holds_no_connection_past_the_head_timeout(
     socks = []
     try:
         for _ in range(CONNECTIONS):
-            sock = socket.create_connection(("127.0.0.1", port_of(sc)), timeout=10)
+            sock = socket.create_connection(("127.0.0.1", sc.proxy_port), timeout=10)
             sock.sendall(f"PATCH http://127.0.0.1:{kube.port}/x HTTP/1.1\r\nHost: a".encode())
             socks.append(sock)
         deadline = time.monotonic() + 20  # the timeout is 1 s; the bound is for a busy host
@@ -93,14 +88,14 @@ def test_a_slowloris_holds_no_connection_past_the_head_timeout(
             sock.close()
     # The proxy still serves whoever completes a request.
     target = f"http://127.0.0.1:{kube.port}" + SCALE.format(name="a")
-    ok = plain(port_of(sc), "GET", target, f"127.0.0.1:{kube.port}")
+    ok = plain(sc.proxy_port, "GET", target, f"127.0.0.1:{kube.port}")
     assert ok.status == 200
 
 
 def test_a_stalled_body_is_closed_and_reaches_nothing(rig: tuple[Sidecar, FakeKubernetes]) -> None:
     sc, kube = rig
     path = SCALE.format(name="a")
-    with socket.create_connection(("127.0.0.1", port_of(sc)), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", sc.proxy_port), timeout=10) as sock:
         head = (
             f"PATCH http://127.0.0.1:{kube.port}{path} HTTP/1.1\r\n"
             f"Host: 127.0.0.1:{kube.port}\r\nContent-Type: application/merge-patch+json\r\n"
@@ -120,7 +115,7 @@ def test_pending_approvals_stop_at_the_cap_with_a_receipt(
         target = f"http://127.0.0.1:{kube.port}" + SCALE.format(name=name)
         body = json.dumps({"spec": {"replicas": replicas}}).encode()
         got = plain(
-            port_of(sc), "PATCH", target, f"127.0.0.1:{kube.port}", body=body, headers=MERGE
+            sc.proxy_port, "PATCH", target, f"127.0.0.1:{kube.port}", body=body, headers=MERGE
         )
         return got.status, json.loads(got.body).get("ctrlrun", {})
 
@@ -133,10 +128,5 @@ def test_pending_approvals_stop_at_the_cap_with_a_receipt(
     assert scale("a", 20)[1]["outcome"] == "approval_required"
     assert scale("a", 5)[0] == 200  # an allowed action is not held back by the queue
 
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            reasons = [r.decision_reason for r in load_receipts(conn)]
-    finally:
-        store.close()
+    reasons = [r.decision_reason for r in sc.receipts()]
     assert reasons.count("approval_queue_full") == 1

@@ -17,7 +17,6 @@ import pytest
 from harness import Sidecar, fake_remotes, running_sidecar
 from rawproxy import Reply, client_tls, connect, plain
 
-from ctrlrun.receipts import load_receipts
 from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 SCALE = "/apis/apps/v1/namespaces/default/deployments/checkout/scale"
@@ -62,17 +61,8 @@ def scale(replicas: int) -> bytes:
     return json.dumps({"spec": {"replicas": replicas}}).encode()
 
 
-def proxy_port(sc: Sidecar) -> int:
-    return int(sc.proxy_url.rsplit(":", 1)[1])
-
-
 def receipts(sc: Sidecar) -> list[dict[str, object]]:
-    store = sc.store()
-    try:
-        with store.reading() as conn:
-            return [r.to_dict() for r in load_receipts(conn)]
-    finally:
-        store.close()
+    return [r.to_dict() for r in sc.receipts()]
 
 
 @pytest.fixture
@@ -88,7 +78,7 @@ def send(sc: Sidecar, kube: FakeKubernetes, how: str, host: str, replicas: int) 
     authority = f"{host}:{kube.port}"
     if how == "plain":
         return plain(
-            proxy_port(sc),
+            sc.proxy_port,
             "PATCH",
             f"http://{authority}{SCALE}",
             authority,
@@ -96,7 +86,7 @@ def send(sc: Sidecar, kube: FakeKubernetes, how: str, host: str, replicas: int) 
             headers=HEADERS,
         )
     return connect(
-        proxy_port(sc), authority, "PATCH", SCALE, authority, body=scale(replicas), headers=HEADERS
+        sc.proxy_port, authority, "PATCH", SCALE, authority, body=scale(replicas), headers=HEADERS
     )
 
 
@@ -142,7 +132,7 @@ def test_tls_to_the_upstream_address_is_intercepted_and_mismatches_are_refused(
 
     def via(authority: str, sni: str | None, host: str, replicas: int) -> Reply:
         return connect(
-            proxy_port(sc),
+            sc.proxy_port,
             authority,
             "PATCH",
             SCALE,
