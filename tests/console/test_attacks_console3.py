@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -405,7 +406,21 @@ def unread(srv: ConsoleServer, n: int, requests: int = 3000) -> list[socket.sock
         with contextlib.suppress(TimeoutError):  # the console stopped reading: it writes
             sock.sendall(line)  # answers nobody reads
         socks.append(sock)
+    stalled(srv)
     return socks
+
+
+def stalled(srv: ConsoleServer, polls: int = 200) -> None:
+    """Wait (bounded) until every connection is stuck waiting on its client: no slot answering
+    a request, and no progress between two looks, a tenth of a second apart."""
+    seen: dict[Any, int | None] | None = None
+    for _ in range(polls):
+        now = dict(srv._open)
+        if seen == now and None not in now.values():
+            return
+        seen = now
+        time.sleep(0.1)
+    raise AssertionError(f"the console's connections never stalled: {list(now.values())}")
 
 
 def test_answers_nobody_reads_do_not_lock_operators_out(lg: Ledger) -> None:
