@@ -4,7 +4,14 @@
     deletecollection                many deletes at once (workloads, namespaces), none named
     pods/{pod}/ephemeralcontainers  what kubectl debug adds: a command started in the pod
     pods/{pod}, beyond metadata     a running pod's new image: new code, started by the kubelet
-    horizontalpodautoscalers        a controller scales the target, to counts no request names
+    horizontalpodautoscalers, KEDA scaledobjects (and their delete), verticalpodautoscalers
+                                    a controller scales the target, to counts no request names
+    statefulsets/{name}, replicasets/{name} (DELETE), replicationcontrollers
+                                    the workload and its pods go (or its replicas are set)
+    customresourcedefinitions (DELETE)
+                                    every object of the kind goes, and what they own
+    .../{name}/scale of any group but apps/v1
+                                    a custom resource's replicas, set for its operator
     an owner for a namespace, or for a workload through its /status
                                     the garbage collector deletes it once its owner is gone
     extensions/v1beta1, apps/v1beta1, apps/v1beta2
@@ -19,12 +26,19 @@ from __future__ import annotations
 from typing import Any
 
 from .kube_writes import WORKLOADS, read_document
-from .route_values import BadInput, Request, check_body
+from .route_values import BadInput, Request, check_body, shown
 
 # The groups that served Deployments, StatefulSets and ReplicaSets before apps/v1 (removed in
 # Kubernetes 1.16): a cluster that still serves them applies a scale or a delete there.
 OLD_GROUPS = (("extensions", "v1beta1"), ("apps", "v1beta1"), ("apps", "v1beta2"))
 _EXEC = "ctrlrun decides those only as pods/{pod}/exec: use it"
+# The autoscalers whose controllers set a workload's replicas (VPA: its pods' resources,
+# evicting them to apply those), by (group, plural).
+AUTOSCALERS = {
+    ("autoscaling", "horizontalpodautoscalers"): "HorizontalPodAutoscaler",
+    ("keda.sh", "scaledobjects"): "KEDA ScaledObject",
+    ("autoscaling.k8s.io", "verticalpodautoscalers"): "VerticalPodAutoscaler",
+}
 
 
 def refuse_other_roads(request: Request, segments: list[str]) -> None:
@@ -68,16 +82,21 @@ def _refuse_controlled(request: Request, segments: list[str]) -> None:
     """Writes a controller, or an older API group, turns into a scale or a delete."""
     method = request.method
     match segments:
-        case ["apis", "autoscaling", _, "namespaces", _, "horizontalpodautoscalers", *rest] if (
-            rest == [] and method == "POST"
-        ) or (len(rest) == 1 and method in ("PATCH", "PUT") and not _metadata_only(request)):
+        case ["apis", group, _, "namespaces", _, plural, *rest] if (
+            (group, plural) in AUTOSCALERS
+        ) and (
+            (rest == [] and method == "POST")
+            or (len(rest) == 1 and method in ("PATCH", "PUT") and not _metadata_only(request))
+            or (len(rest) == 1 and method == "DELETE" and group == "keda.sh")
+        ):
             # The controller sets the target's replicas between minReplicas and maxReplicas,
             # now and whenever its metrics move: scales no request names, that a policy on
-            # k8s.scale never sees. Deleting one leaves the replicas where they are.
+            # k8s.scale never sees. Deleting an HPA leaves the replicas where they are; KEDA
+            # restores the target's original count (restoreToOriginalReplicaCount).
             raise BadInput(
-                "a write of a HorizontalPodAutoscaler's spec has its controller scale the "
-                "target to counts ctrlrun never decides; ctrlrun decides replicas only as "
-                "k8s.scale (kubectl scale)"
+                f"a {method} of a {AUTOSCALERS[group, plural]} has its controller scale the "
+                "target (or evict and resize its pods) to counts ctrlrun never decides; "
+                "ctrlrun decides replicas only as k8s.scale (kubectl scale)"
             )
         case _ if method in ("PATCH", "PUT") and _ownable(segments) and _owned(request):
             # The status (and finalize) subresources reset the spec, not the owners: a
@@ -94,6 +113,52 @@ def _refuse_controlled(request: Request, segments: list[str]) -> None:
             raise BadInput(
                 f"a {method} of {kind} through {group}/{version} is refused: ctrlrun decides "
                 f"workload writes through apps/v1 only; send it to /apis/apps/v1/..."
+            )
+        case _:
+            _refuse_cascades(request, segments)
+
+
+def _refuse_cascades(request: Request, segments: list[str]) -> None:
+    """Deletes that take what ctrlrun decides with them, and scales of other kinds."""
+    method = request.method
+    match segments:
+        case ["apis", "apps", "v1", "namespaces", _, "statefulsets" | "replicasets", name] if (
+            method == "DELETE"
+        ):
+            # Its pods go with it (Background or Foreground), or stay ownerless (Orphan): the
+            # workload whose replicas ctrlrun decides is gone either way.
+            raise BadInput(
+                f"a DELETE of {WORKLOADS[segments[5]]} {name!r} removes its pods with it; "
+                "ctrlrun decides its replicas as k8s.scale and deletes only of deployments "
+                "and namespaces"
+            )
+        case ["api", "v1", "namespaces", _, "replicationcontrollers", name, *rest] if (
+            (method == "DELETE" and not rest)
+            or (method in ("PATCH", "PUT") and rest == ["scale"])
+            or (method in ("PATCH", "PUT") and not rest and not _metadata_only(request))
+        ):
+            raise BadInput(
+                f"a {method} of ReplicationController {name!r} sets or removes its pods; "
+                "ctrlrun decides replicas only of apps/v1 workloads: use a Deployment"
+            )
+        case ["apis", "apiextensions.k8s.io", _, "customresourcedefinitions", *rest] if (
+            method == "DELETE" and len(rest) <= 1
+        ):
+            # Every object of the kind goes, in every namespace, and the garbage collector
+            # then deletes what they owned (an operator's deployments among them).
+            raise BadInput(
+                "a DELETE of a CustomResourceDefinition deletes every object of its kind and "
+                "what they own; ctrlrun decides deletes one object at a time"
+            )
+        case ["apis", *_, "scale"] if method in ("PATCH", "PUT") and segments[1:3] != [
+            "apps",
+            "v1",
+        ]:
+            # A custom resource's scale sets the replicas its operator gives a workload.
+            raise BadInput(
+                f"a {method} of {shown('/'.join(segments[-3:-1]), 80)}'s /scale through "
+                f"{'/'.join(segments[1:3])} sets replicas ctrlrun decides only for apps/v1 "
+                "Deployments, StatefulSets and ReplicaSets (k8s.scale)"
             )
         case _:
             return

@@ -13,7 +13,7 @@ import pytest
 from harness import KUBE_TOKEN, POLICY, start_sidecar
 from kubernetes.client.rest import ApiException
 from test_attacks_kube import send
-from test_attacks_kube2 import ALLOW_UNMAPPED
+from test_attacks_kube2 import ALLOW_UNMAPPED, DENY_SCALE
 from test_attacks_kube4 import kubectl_home
 from test_kubectl import KUBECTL, kubectl
 
@@ -279,5 +279,131 @@ def test_a_routed_call_through_a_services_proxy_is_decided_once(
             assert status >= 400 and got.get("x-ctrlrun-outcome") != "committed", (again, text)
         assert kube.proxied == [("POST", target)]
         assert sidecar.effect_state("send:in_1") == "committed"
+    finally:
+        sidecar.stop()
+
+
+APPS = "/apis/apps/v1/namespaces/default"
+KEDA = "/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects"
+VPA = "/apis/autoscaling.k8s.io/v1/namespaces/default/verticalpodautoscalers"
+RC = f"{NS}/replicationcontrollers/legacy"
+CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MERGE = "application/merge-patch+json"
+TO_50 = {"spec": {"replicas": 50}}
+SCALED = {
+    "apiVersion": "keda.sh/v1alpha1",
+    "kind": "ScaledObject",
+    "metadata": {"name": "checkout"},
+    "spec": {"scaleTargetRef": {"name": "checkout"}, "minReplicaCount": 50},
+}
+CASCADES: list[tuple[str, str, str, object]] = [
+    # A StatefulSet's or ReplicaSet's delete takes its pods, cascading or not.
+    ("DELETE", f"{APPS}/statefulsets/pg", "", None),
+    ("DELETE", f"{APPS}/replicasets/checkout-7d9f", "application/json", {"kind": "DeleteOptions"}),
+    ("DELETE", f"{APPS}/statefulsets/pg?propagationPolicy=Orphan", "", None),
+    ("DELETE", f"{APPS}/statefulsets/pg?dryRun=All", "", None),
+    # Every object of a kind, and what they own (an operator's deployments).
+    ("DELETE", f"{CRD}/databases.example.com", "", None),
+    ("DELETE", f"{CRD}?labelSelector=app%3Ddb", "", None),
+    ("DELETE", CRD.replace("/v1/", "/v1beta1/") + "/databases.example.com", "", None),
+    # Other controllers that set replicas: KEDA (a delete restores the original count), VPA.
+    ("POST", KEDA, "application/json", SCALED),
+    ("PATCH", f"{KEDA}/checkout", MERGE, {"spec": {"minReplicaCount": 50}}),
+    ("DELETE", f"{KEDA}/checkout", "", None),
+    ("PUT", f"{VPA}/checkout", "application/json", {"spec": {"updatePolicy": {}}}),
+    # The scale of anything but an apps/v1 workload: a custom resource, a legacy RC.
+    ("PATCH", "/apis/example.com/v1/namespaces/default/databases/pg/scale", MERGE, TO_50),
+    ("PUT", "/apis/example.com/v1/clusters/pg/scale", "application/json", TO_50),
+    (
+        "PATCH",
+        "/apis/extensions/v1beta1/namespaces/default/replicationcontrollers/x/scale",
+        MERGE,
+        TO_50,
+    ),
+    ("PATCH", f"{RC}/scale", MERGE, TO_50),
+    ("PATCH", RC, MERGE, TO_50),
+    ("DELETE", RC, "", None),
+]
+
+
+@pytest.mark.parametrize(("method", "target", "kind", "body"), CASCADES)
+def test_a_cascade_or_another_scale_is_refused_under_unmapped_writes_allow(
+    tmp_path: Path,
+    fakes: tuple[FakeStripe, FakeKubernetes],
+    method: str,
+    target: str,
+    kind: str,
+    body: object,
+) -> None:
+    kube = fakes[1]
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=ALLOW_UNMAPPED, in_process=True)
+    try:
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = [("Content-Type", kind)] if kind else []
+        status, got, text = send(sidecar.kube_base, method, target, headers, data)
+        assert got.get("x-ctrlrun-outcome") == "invalid_request", (status, text)
+        assert status == 422
+        assert kube.requests == [] and kube.dry_runs == []
+        # A label of the same RC is metadata, an unmapped write that still goes (a 404 here).
+        if target == RC and method == "PATCH":
+            labelled = json.dumps({"metadata": {"labels": {"a": "b"}}}).encode()
+            send(sidecar.kube_base, "PATCH", RC, [("Content-Type", MERGE)], labelled)
+            assert kube.count("PATCH") == 1
+    finally:
+        sidecar.stop()
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "body"),
+    [
+        # JSON patch operations that land on /spec/replicas without naming it as a value.
+        (
+            f"{APPS}/deployments/checkout",
+            "application/json-patch+json",
+            [
+                {"op": "add", "path": "/spec/minReadySeconds", "value": 50},
+                {"op": "move", "from": "/spec/minReadySeconds", "path": "/spec/replicas"},
+            ],
+        ),
+        (
+            f"{APPS}/deployments/checkout",
+            "application/json-patch+json",
+            [
+                {"op": "add", "path": "/spec/minReadySeconds", "value": 50},
+                {"op": "copy", "from": "/spec/minReadySeconds", "path": "/spec/replicas"},
+                {"op": "remove", "path": "/spec/minReadySeconds"},
+            ],
+        ),
+        (
+            f"{APPS}/deployments/checkout/scale?fieldManager=agent",
+            "application/json-patch+json",
+            [
+                {"op": "copy", "from": "/spec/replicas", "path": "/metadata/x"},
+                {"op": "replace", "path": "/spec/replicas", "value": 50},
+            ],
+        ),
+        (
+            f"{APPS}/deployments/checkout?fieldManager=agent&force=true",
+            "application/apply-patch+yaml",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "checkout"},
+                "spec": {"replicas": 50},
+            },
+        ),
+    ],
+)
+def test_a_patch_that_lands_on_replicas_is_decided_as_the_scale_it_is(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], target: str, kind: str, body: object
+) -> None:
+    kube = fakes[1]
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=DENY_SCALE, in_process=True)
+    try:
+        data = json.dumps(body).encode()
+        status, got, text = send(sidecar.kube_base, "PATCH", target, [("Content-Type", kind)], data)
+        assert got.get("x-ctrlrun-outcome") == "denied", (status, text)
+        assert kube.replicas("default", "checkout") == 3
+        assert kube.writes_applied == 0
     finally:
         sidecar.stop()

@@ -456,7 +456,6 @@ def test_kubernetes_watch_reason() -> None:
             "no Kubernetes route",
         ),
         (req("DELETE", "/api/v1/namespaces/prod/pods/web-1"), "no Kubernetes route"),
-        (req("DELETE", STS), "no Kubernetes route"),
         (req("POST", SCALE, b"{}", JSON), "no Kubernetes route"),
         (req("DELETE", SCALE), "no Kubernetes route"),
         (req("PATCH", DEPLOY + "/status", b"{}", MERGE), "no Kubernetes route"),
@@ -509,6 +508,8 @@ def test_kubernetes_unmapped(request_: Request, fragment: str) -> None:
             ),
             "one object at a time",
         ),
+        # A StatefulSet's delete takes its pods: a scale to 0 and more, whatever unmapped_writes.
+        (req("DELETE", STS), "removes its pods"),
         # A dry run through a proxy is the application's to honour, if it reads one at all.
         (
             req("POST", "/api/v1/namespaces/prod/services/web/proxy", query={"dryRun": ["All"]}),
