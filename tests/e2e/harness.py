@@ -31,6 +31,25 @@ if TYPE_CHECKING:
 STRIPE_KEY = "sk_test_e2e_4242424242"
 KUBE_TOKEN = "kube-e2e-token-7f3a9c"
 START = re.compile(r"proxy (?P<host>[\d.]+):(?P<port>\d+)")
+# A kubeconfig for a cluster served over TLS: its server, CA file, a token and ``{proxy}``,
+# empty or the line ``proxy_url_line`` gives.
+KUBECONFIG_TLS = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: prod-eu
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+{proxy}users:
+- name: agent
+  user:
+    token: {token}
+contexts:
+- name: prod-eu
+  context: {{cluster: prod-eu, user: agent, namespace: default}}
+current-context: prod-eu
+"""
 
 
 def free_port() -> int:
@@ -137,6 +156,12 @@ class Sidecar:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         return int(self.proc.returncode)
+
+
+def proxy_url_line(sc: Sidecar) -> str:
+    """The kubeconfig line (``KUBECONFIG_TLS``'s ``{proxy}``) that sends a cluster's requests
+    through ``sc``'s explicit proxy."""
+    return f"    proxy-url: {sc.proxy_url}\n"
 
 
 def clean_env(**extra: str) -> dict[str, str]:

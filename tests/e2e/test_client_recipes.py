@@ -18,7 +18,16 @@ from typing import Any
 import kubernetes.client
 import pytest
 import stripe
-from harness import KUBE_TOKEN, POLICY, STRIPE_KEY, Sidecar, clean_env, running_sidecar
+from harness import (
+    KUBE_TOKEN,
+    KUBECONFIG_TLS,
+    POLICY,
+    STRIPE_KEY,
+    Sidecar,
+    clean_env,
+    proxy_url_line,
+    running_sidecar,
+)
 from kubernetes.client.rest import ApiException
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -166,25 +175,6 @@ def test_kubernetes_python_client_with_proxy_and_ca(
     assert denied.value.status == 403 and denied.value.headers["X-Ctrlrun-Outcome"] == "denied"
 
 
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: prod-eu
-  cluster:
-    server: {server}
-    certificate-authority: {ca}
-{proxy}users:
-- name: agent
-  user:
-    token: {token}
-contexts:
-- name: prod-eu
-  context: {{cluster: prod-eu, user: agent, namespace: default}}
-current-context: prod-eu
-"""
-
-
 def kubectl(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     kubectl = shutil.which("kubectl")
     assert kubectl is not None
@@ -206,14 +196,14 @@ def test_kubectl_needs_proxy_url_for_a_loopback_server(
     plain = {"server": kube.url, "ca": ca, "token": KUBE_TOKEN}
     # Go never proxies a loopback address from HTTPS_PROXY: kubectl goes straight to the
     # remote, which does not present the proxy's CA.
-    config.write_text(KUBECONFIG.format(proxy="", **plain))
+    config.write_text(KUBECONFIG_TLS.format(proxy="", **plain))
     direct = kubectl(
         tmp_path, "scale", "deployment", "checkout", "--replicas=8", HTTPS_PROXY=sc.proxy_url
     )
     assert direct.returncode != 0 and "certificate" in direct.stderr, direct.stderr
     assert sc.effect_state("scale:prod-eu:checkout:8") is None
     # proxy-url in the kubeconfig applies to every server, loopback included.
-    config.write_text(KUBECONFIG.format(proxy=f"    proxy-url: {sc.proxy_url}\n", **plain))
+    config.write_text(KUBECONFIG_TLS.format(proxy=proxy_url_line(sc), **plain))
     done = kubectl(tmp_path, "scale", "deployment", "checkout", "--replicas=8")
     assert done.returncode == 0, done.stderr
     assert committed(sc, "scale:prod-eu:checkout:8")
@@ -308,9 +298,9 @@ def test_kubernetes_client_node_needs_proxy_url(
     proxy_url: bool,
 ) -> None:
     kube = remotes[1]
-    proxy = f"    proxy-url: {sc.proxy_url}\n" if proxy_url else ""
+    proxy = proxy_url_line(sc) if proxy_url else ""
     config = tmp_path / "kubeconfig"
-    config.write_text(KUBECONFIG.format(server=kube.url, ca=ca, token=KUBE_TOKEN, proxy=proxy))
+    config.write_text(KUBECONFIG_TLS.format(server=kube.url, ca=ca, token=KUBE_TOKEN, proxy=proxy))
     replicas = "11" if proxy_url else "12"
     env = {"KUBECONFIG": str(config), "HTTPS_PROXY": sc.proxy_url, "HOME": str(tmp_path)}
     answer = node(tmp_path, "kube_scale.mjs", replicas, **env)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
-from harness import KUBE_TOKEN, POLICY, Sidecar, running_sidecar
+from harness import KUBE_TOKEN, KUBECONFIG_TLS, POLICY, Sidecar, proxy_url_line, running_sidecar
 from test_exec import ALLOW, receipts
 from test_kubectl import kubectl
 from test_streaming import first_added_after
@@ -19,24 +19,6 @@ from ctrlrun.testing import FakeKubernetes, FakeStripe
 
 pytestmark = pytest.mark.timeout(120)
 KUBECTL = shutil.which("kubectl")
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: prod-eu
-  cluster:
-    server: {server}
-    certificate-authority: {ca}
-    proxy-url: {proxy}
-users:
-- name: agent
-  user:
-    token: {token}
-contexts:
-- name: prod-eu
-  context: {{cluster: prod-eu, user: agent, namespace: default}}
-current-context: prod-eu
-"""
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +45,9 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sidecar, Fak
 
 def home_for(tmp_path: Path, sc: Sidecar, kube: FakeKubernetes) -> Path:
     ca = sc.workdir / "mitm" / "mitmproxy-ca-cert.pem"
-    config = KUBECONFIG.format(server=kube.url, ca=ca, proxy=sc.proxy_url, token=KUBE_TOKEN)
+    config = KUBECONFIG_TLS.format(
+        server=kube.url, ca=ca, proxy=proxy_url_line(sc), token=KUBE_TOKEN
+    )
     (tmp_path / "kubeconfig").write_text(config)
     return tmp_path
 
