@@ -230,11 +230,14 @@ class CtrlrunAddon:
 
     async def _upstream(self, flow: http.HTTPFlow) -> Upstream | None:
         """The upstream the flow really goes to; refuses the flow when the gate says so."""
+        req = flow.request
+        absolute = host_of(req.authority) if req.http_version.startswith("HTTP/1") else None
+        if absolute:  # sent on in origin-form: a server reads the Host judged, not this name
+            req.authority = ""
         spec = getattr(flow.client_conn.proxy_mode, "full_spec", "")
         if spec in self.reverse_specs:
             return self.by_name[self.reverse_specs[spec]]
-        req = flow.request
-        names = [n for n in (host_of(req.host_header), flow.client_conn.sni) if n]
+        names = [n for n in (host_of(req.host_header), absolute, flow.client_conn.sni) if n]
         host = req.host
         if names and isinstance(flow.client_conn.proxy_mode, TransparentMode):
             # The kernel redirected a connection to an address; the request names where it

@@ -16,6 +16,7 @@ Such bytes are parsed as HTTP instead, so they meet the guard or are refused as 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,10 @@ class GuardedNextLayer(NextLayer):
             # its requests meet the gate, which resolves it again.
             return False
         names: list[Any] = [self._get_host_header(context, data_client, data_server)]
+        absolute = _absolute(data_client)  # a server reads that name, not the Host header
+        if absolute and self.recognizer.names_upstream(*absolute):
+            return False
+        names.append(absolute[0] if absolute else None)
         hello = self._get_client_hello(context, data_client)  # NeedsMoreData: asked again
         names += [hello.sni if hello else None, context.client.sni]
         for name in names:
@@ -88,6 +93,24 @@ class GuardedNextLayer(NextLayer):
                 return False  # intercepted, so the addon sees the mismatch and refuses it
         transparent = isinstance(context.client.proxy_mode, TransparentMode)
         return not (transparent and self.inspect_transparent())
+
+
+# A request line in absolute-form ("POST http://api.stripe.com/v1/refunds HTTP/1.1"): RFC 9112
+# has a server read its authority and ignore the Host header.
+_ABSOLUTE = re.compile(rb"[A-Za-z]+[ \t]+([A-Za-z][A-Za-z0-9+.-]*)://([^/?#\s]*)")
+
+
+def _absolute(data: bytes) -> tuple[str, int] | None:
+    """The host and port of a request line in absolute-form (userinfo dropped), or None."""
+    found = _ABSOLUTE.match(data.lstrip(b"\r\n"))
+    if found is None:
+        return None
+    authority = found[2].decode("utf-8", "surrogateescape").rsplit("@", 1)[-1]
+    try:
+        host, port = parse_authority(authority, check=False)
+    except ValueError:
+        return (authority, 0)
+    return host, port or (443 if found[1].lower() == b"https" else 80)
 
 
 def _host(authority: str) -> str:

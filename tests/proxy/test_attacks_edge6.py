@@ -202,3 +202,25 @@ def test_other_paths_stay_unmapped(path: str) -> None:
 def test_a_route_parameter_a_second_decoding_reads_otherwise_is_refused(path: str) -> None:
     result = map_request(OPEN, Request("POST", path))
     assert isinstance(result, Invalid) and "ambiguous" in result.reason, result
+
+
+# -- a request line in absolute-form names where it goes ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"POST http://127.0.0.1:8088/v1/invoices/in_1/send HTTP/1.1\r\n",
+        b"POST http://user:pw@localhost.:8088/v1/x HTTP/1.1\r\n",
+        b"\r\nPOST HTTP://127.1:8088?a HTTP/1.1\r\n",
+        b"post http://[::ffff:127.0.0.1]:8088/ HTTP/1.1\r\n",
+    ],
+)
+def test_a_tunnel_whose_request_line_names_the_upstream_is_intercepted(line: bytes) -> None:
+    rec = Recognizer([UP], resolve=Resolver(DNS), clock=Clock(), environ={})
+    asyncio.run(rec.destination("localhost", 8088))  # resolved, as the gate would have
+    rule = GuardedNextLayer(rec)
+    data = line + b"Host: other.example\r\nContent-Length: 0\r\n\r\n"
+    assert rule._ignore_connection(context(("192.0.2.7", 80)), data, b"") is False
+    other = b"POST http://other.example/v1/x HTTP/1.1\r\nHost: other.example\r\n\r\n"
+    assert rule._ignore_connection(context(("192.0.2.7", 80)), other, b"") is True
