@@ -147,15 +147,21 @@ class Sessions:
 
     def _prune(self, *, anonymous: bool) -> None:
         now = self.clock()
-        for sid in [s for s, v in self._by_id.items() if v.expires <= now]:
-            del self._by_id[sid]
-            self._anonymous.pop(sid, None)
         if anonymous:
-            while len(self._anonymous) >= MAX_ANONYMOUS:  # dicts keep insertion order
-                oldest = next(iter(self._anonymous))
+            # Login forms end in the order they were made (one TTL, a monotonic clock): only
+            # the oldest are looked at, so a flood of login pages costs no sweep of them all.
+            while self._anonymous:
+                oldest = next(iter(self._anonymous))  # dicts keep insertion order
+                held = self._by_id.get(oldest)
+                live = held is not None and held.expires > now
+                if live and len(self._anonymous) < MAX_ANONYMOUS:
+                    break
                 del self._anonymous[oldest]
                 self._by_id.pop(oldest, None)
             return
+        for sid in [s for s, v in self._by_id.items() if v.expires <= now]:
+            del self._by_id[sid]
+            self._anonymous.pop(sid, None)
         named = [s for s in self._by_id if s not in self._anonymous]
         for sid in named[: max(0, len(named) - MAX_OPERATOR_SESSIONS + 1)]:
             del self._by_id[sid]

@@ -479,3 +479,21 @@ def test_a_request_line_cannot_write_control_characters_into_the_log(
     assert len(lines) >= 3
     for said in lines:
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]", said), said
+
+
+def test_login_forms_are_forgotten_oldest_first_as_they_expire() -> None:
+    now = [0.0]
+    sessions = auth.Sessions(ttl=100.0, anonymous_ttl=10.0, clock=lambda: now[0])
+    alice = sessions.start("alice")
+    old = [sessions.start(None) for _ in range(5)]
+    now[0] = 5.0
+    young = sessions.start(None)
+    now[0] = 12.0  # the first five have ended, the sixth has not
+    sessions.start(None)
+    assert sessions.count() == (2, 1)
+    assert all(sessions.get(f.sid) is None for f in old) and sessions.get(young.sid) is young
+    sessions.end(young.sid)  # one ended early leaves no hole behind it
+    now[0] = 30.0
+    fresh = sessions.start(None)
+    assert sessions.count() == (1, 1) and sessions.get(fresh.sid) is fresh
+    assert sessions.get(alice.sid) is alice
