@@ -407,3 +407,33 @@ def test_a_patch_that_lands_on_replicas_is_decided_as_the_scale_it_is(
         assert kube.writes_applied == 0
     finally:
         sidecar.stop()
+
+
+@pytest.mark.parametrize("policy", [POLICY, ALLOW_UNMAPPED], ids=["deny", "allow"])
+def test_an_exec_without_upgrade_runs_nothing_by_any_old_road(
+    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes], policy: str
+) -> None:
+    # GET exec with no Upgrade is a read the apiserver answers 400 (it needs an upgrade);
+    # POST is decided as the exec it may be (undeclared here: denied); the forms before
+    # Kubernetes 1.10 go through a proxy and are refused.
+    kube = fakes[1]
+    kube.add_pod("default", "web-0")
+    sidecar = start_sidecar(tmp_path, *fakes, policy_text=policy, in_process=True)
+    try:
+        exec_ = f"{NS}/pods/web-0/exec?command=rm&command=-rf&command=/data"
+        status, _, text = send(sidecar.kube_base, "GET", exec_, [])
+        assert status == 400 and b"Upgrade request required" in text, (status, text)
+        status, got, text = send(sidecar.kube_base, "POST", exec_, [])
+        assert got.get("x-ctrlrun-outcome") == "denied", (status, text)
+        for method in ("GET", "POST"):
+            for old in (
+                "/api/v1/proxy/namespaces/default/pods/web-0/exec?command=rm",
+                "/api/v1/proxy/nodes/node-1/exec/default/web-0/app?command=rm",
+                "/api/v1/redirect/namespaces/default/pods/web-0",
+            ):
+                status, got, _ = send(sidecar.kube_base, method, old, [])
+                assert got.get("x-ctrlrun-outcome") == "invalid_request" and status == 422
+        assert kube.sessions == []
+        assert [m for m, _ in kube.requests] == ["GET"]  # the 400 above, nothing else
+    finally:
+        sidecar.stop()
