@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import stripe
-from harness import POLICY, Sidecar, running_sidecar, start_sidecar
+from harness import POLICY, running_sidecar
 from stripe_support import ctrlrun_block, receipts_for, refund, refused, stripe_client
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -36,10 +36,9 @@ def test_past_the_budget_a_quorum_approves_and_the_resent_refund_spends_past_it(
 ) -> None:
     assert OVER_APPROVE != POLICY
     fake, kube = fakes
-    sc: Sidecar = start_sidecar(
+    with running_sidecar(
         tmp_path, fake, kube, policy_text=OVER_APPROVE, reconcile="off", in_process=True
-    )
-    try:
+    ) as sc:
         client = stripe_client(sc.stripe_base)
         first = fake.add_payment_intent(amount=5000)["id"]
         second = fake.add_payment_intent(amount=5000)["id"]
@@ -66,8 +65,6 @@ def test_past_the_budget_a_quorum_approves_and_the_resent_refund_spends_past_it(
         left = sc.cli("budgets", "--policy", str(sc.policy), *url)
         assert left.returncode == 0, left.stderr
         assert "stripe.refund  *  spent 1010, left 0 of 1000" in left.stdout
-    finally:
-        sc.stop()
 
 
 def test_past_the_budget_the_approval_queue_cap_holds_and_under_it_nothing_waits(

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import KUBE_TOKEN, STRIPE_KEY, Sidecar, running_sidecar
-from mcp_support import POLICY, ledger_json, start_mcp_sidecar
+from mcp_support import POLICY, ledger_json
 from otel_support import json_lines, memory_exporter
 
 from ctrlrun.testing import FakeKubernetes, FakeStripe
@@ -62,15 +62,8 @@ class Mcp:
 
 
 @pytest.fixture
-def mcp_sidecar(
-    tmp_path: Path, fakes: tuple[FakeStripe, FakeKubernetes]
-) -> Iterator[tuple[Sidecar, FakeStripeMcp]]:
-    with FakeStripeMcp(fakes[0], json_response=True) as server:
-        sc = start_mcp_sidecar(tmp_path, fakes[0], fakes[1], server)
-        try:
-            yield sc, server
-        finally:
-            sc.stop()
+def mcp_rig(mcp_sidecar: Sidecar, mcp_server: FakeStripeMcp) -> tuple[Sidecar, FakeStripeMcp]:
+    return mcp_sidecar, mcp_server  # the conftest's
 
 
 def ours(exporter: Any) -> list[Any]:
@@ -84,10 +77,10 @@ def under_the_agents_trace(span: Any) -> None:
 
 
 def test_each_tool_call_is_a_span_and_its_decision_line_carries_the_fields(
-    mcp_sidecar: tuple[Sidecar, FakeStripeMcp], fakes: tuple[FakeStripe, FakeKubernetes]
+    mcp_rig: tuple[Sidecar, FakeStripeMcp], fakes: tuple[FakeStripe, FakeKubernetes]
 ) -> None:
     exporter = memory_exporter()
-    sc, server = mcp_sidecar
+    sc, server = mcp_rig
     pi = fakes[0].add_payment_intent(amount=5000)["id"]
     mcp = Mcp(server.url, sc.proxy_url)
     with json_lines() as docs:
