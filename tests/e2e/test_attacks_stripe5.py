@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -41,7 +42,7 @@ assert ACCOUNT_POLICY != POLICY
 class Before:
     """The fake Stripe as a ctrlrun that never learned accounts saw it: no GET /v1/account."""
 
-    def __init__(self, fake: FakeStripe) -> None:
+    def __init__(self, fake: FakeStripe, *, charges_alone: bool = False) -> None:
         upstream = fake.url
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -69,7 +70,11 @@ class Before:
                     self.close_connection = True
                     return
                 keep = [(k, v) for k, v in answer.headers.items() if k.lower() not in skip]
-                self._send(answer.status_code, answer.content, keep)
+                data = answer.content
+                if charges_alone and self.command == "GET" and "/v1/charges/" in self.path:
+                    # As before a charge was resolved to its payment: keyed by the charge.
+                    data = json.dumps(answer.json() | {"payment_intent": None}).encode()
+                self._send(answer.status_code, data, keep)
 
             def _send(self, status: int, data: bytes, headers: list[tuple[str, str]]) -> None:
                 self.send_response(status)
@@ -463,3 +468,49 @@ def test_an_mcp_refund_recorded_as_self_is_a_duplicate_after_the_upgrade(
     assert receipt_meta(again)["effect_key"] == f"refund:self:{pi}"
     assert rest.http_status == 409 and outcome(rest) == "duplicate", rest
     assert refunds_of(fake, None, pi) == 1
+
+
+@pytest.mark.parametrize("then", ["by-charge", "legacy-path"])
+def test_a_refund_keyed_by_its_charge_before_the_upgrade_is_the_same_refund(
+    tmp_path: Path, remotes: tuple[FakeStripe, FakeKubernetes], fake: FakeStripe, then: str
+) -> None:
+    paid = fake.add_payment_intent(amount=5000)
+    pi, charge = paid["id"], paid["latest_charge"]
+    shim = Before(fake, charges_alone=True)
+    old = sidecar(tmp_path, remotes, shim)
+    client = client_for(old.stripe_base, retries=0)
+    try:
+        fake.fail_next("commit_then_drop")
+        lost = refused(lambda: client.v1.refunds.create(params={"charge": charge, "amount": 100}))
+        assert outcome(lost) == "upstream_ambiguous"
+    finally:
+        old.stop()
+        shim.close()
+    assert old.effect_state(f"refund:self:{charge}") == "ambiguous"
+
+    new = sidecar(tmp_path, remotes, fake)
+    client = client_for(new.stripe_base, retries=0)
+
+    def legacy() -> Any:
+        answer = httpx.post(
+            f"{new.stripe_base}/v1/charges/{charge}/refund",
+            data={"amount": "100"},
+            headers={"Authorization": f"Bearer {STRIPE_KEY}"},
+            timeout=15,
+            trust_env=False,
+        )
+        return answer.status_code, answer.headers.get("X-Ctrlrun-Outcome")
+
+    try:
+        if then == "legacy-path":
+            assert legacy() == (409, "ambiguous")
+        else:
+            again = refused(
+                lambda: client.v1.refunds.create(params={"charge": charge, "amount": 100})
+            )
+            assert again.http_status == 409 and outcome(again) == "ambiguous", again
+    finally:
+        new.stop()
+
+    assert refunds_of(fake, None, pi) == 1
+    assert new.effect_state(f"refund:{fake.platform_id}:{pi}") is None
