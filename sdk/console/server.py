@@ -254,7 +254,8 @@ def answers_to(host: str, port: int) -> frozenset[str] | None:
 def load_tokens(
     policy: Policy, environ: Mapping[str, str] | None
 ) -> tuple[dict[str, str], list[str]]:
-    """The operators' tokens and those with none set, or a one-line refusal saying what to add."""
+    """The operators' tokens, and what to warn about at start (an operator with no token set
+    cannot log in; one with a short token can, but is easy to guess), or a one-line refusal."""
     path = policy.source
     operators = policy.section(OPERATORS)
     if not operators:
@@ -267,9 +268,15 @@ def load_tokens(
         raise PolicyError(
             f"{path}: no operator can log in: set the token of at least one of "
             + ", ".join(missing)
-            + f" ({auth.MIN_TOKEN} characters or more, e.g. openssl rand -hex 24)"
+            + " (e.g. openssl rand -hex 24)"
         )
-    return tokens, missing
+    warnings = [f"operator {who} has no token set and cannot log in" for who in missing]
+    warnings += [
+        f"operator {who}: its token has fewer than {auth.MIN_TOKEN} characters and is easy "
+        "to guess: set a longer one (openssl rand -hex 24)"
+        for who in auth.weak(operators, tokens)
+    ]
+    return tokens, warnings
 
 
 def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -> ConsoleServer:
@@ -285,7 +292,7 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
         raise InvalidArgument(f"--max-connections {settings.max_connections}: at least 1")
     public = None if settings.public_url is None else parse_public_url(settings.public_url)
     policy = Policy.from_file(policy_path(settings.policy))
-    tokens, missing = load_tokens(policy, environ)
+    tokens, warnings = load_tokens(policy, environ)
     tls = _tls(settings)
     store = _ledger(settings)
     app = App(
@@ -305,8 +312,8 @@ def build(settings: ConsoleSettings, environ: Mapping[str, str] | None = None) -
     app.hosts = answers_to(host, int(server.server_address[1]))
     if app.hosts is not None and public is not None:  # the Host a proxy passes on as sent
         app.hosts |= {public[1]}
-    for who in missing:  # only once it starts: a refusal above stays one line
-        log.warning("console: operator %s has no usable token and cannot log in", who)
+    for warning in warnings:  # only once it starts: a refusal above stays one line
+        log.warning("console: %s", warning)
     return server
 
 

