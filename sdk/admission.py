@@ -74,7 +74,15 @@ from .plan import (
     Write,
 )
 from .policy import Decision
-from .states import LEASE_EXPIRED, EffectState, Refuse, Reserve, SteadyNow, plan_reservation
+from .states import (
+    LEASE_EXPIRED,
+    LEASE_RAN_OUT,
+    EffectState,
+    Refuse,
+    Reserve,
+    SteadyNow,
+    plan_reservation,
+)
 from .timestamps import stamp
 
 
@@ -328,7 +336,7 @@ def _refuse(
     if step.ambiguate:
         # The holder's lease ran out: it may have acted, nobody knows. Say so first.
         assert rec is not None
-        values = {"updated_at": stamp(f.now), "lease_expires_at": None, "error": LEASE_EXPIRED}
+        values = {"updated_at": stamp(f.now), **LEASE_RAN_OUT}
         writes = (
             MoveEffect(key, rec.state, EffectState.AMBIGUOUS, rec.action_id, rec.attempt, values),
         )

@@ -37,6 +37,7 @@ from sqlalchemy import update
 from . import holder
 from .action import iso
 from .schema import effects as E
+from .states import EffectState as S
 
 if TYPE_CHECKING:
     from .attempt import Attempt
@@ -68,12 +69,19 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def as_seen_here(record: EffectRecord, now: datetime) -> EffectRecord:
     """``record``, its lease live at ``now`` if its holder is a call running in this process,
     or a process on this host that is alive and whose lease has not run out on this host's
-    monotonic clock (``holder.py``), whatever the wall clock says."""
+    monotonic clock, or a lease this process saw live with time left that has not run out
+    since on that clock (``holder.py``), whatever the wall clock says."""
     ends = record.lease_expires_at
-    if ends is None or ends >= now:
+    if ends is None or record.state not in (S.RESERVED, S.EXECUTING):
         return record
-    if running_here(record.action_id, record.attempt) or holder.alive_elsewhere(
-        record.holder, record.lease_steady_until
+    seen = (record.effect_key, record.action_id, record.attempt, ends)
+    if ends >= now:
+        holder.saw_live(*seen, now)
+        return record
+    if (
+        running_here(record.action_id, record.attempt)
+        or holder.alive_elsewhere(record.holder, record.lease_steady_until)
+        or holder.seen_live(*seen)
     ):
         return replace(record, lease_expires_at=now)
     return record

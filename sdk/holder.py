@@ -17,17 +17,29 @@ the running call had not reached yet, and ran the effect a second time. Within o
   alive, still only until that monotonic end: a lease left behind by a call that ended
   without its outcome being written runs out in real time, as before.
 - A holder that died, or one on another host, is judged on the ledger's clock alone.
+- A lease whose holder cannot be checked (written by an older ctrlrun, which names no holder;
+  one on another host; off Linux) was taken as expired the moment the ledger's clock passed
+  its end, so a forward step of that clock let a contender steal a live lease of an older
+  sidecar sharing the ledger. A process that once saw such a lease live notes on its
+  monotonic clock how much of it was left (``saw_live``), and takes it as live until that
+  much time has really passed (``seen_live``): a step after that sight no longer shortens it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from datetime import timedelta
+import threading
+from collections import OrderedDict
+from datetime import datetime, timedelta
 
 from . import steady
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+KEEP = 4096  # leases remembered at most, the newest
+# (effect key, action id, attempt, lease end) -> its end on this host's monotonic clock
+_seen: OrderedDict[tuple[str, str, int, datetime], float] = OrderedDict()
+_seen_lock = threading.Lock()
 
 
 @functools.cache
@@ -106,3 +118,30 @@ def alive_elsewhere(holder: str | None, until: float | None) -> bool:
     except ValueError:
         return False
     return pid != os.getpid() and _started(pid) == parts[4]
+
+
+def saw_live(key: str, action_id: str, attempt: int, ends: datetime, now: datetime) -> None:
+    """A lease ending at ``ends`` (the ledger's clock) was read live at ``now``: note when it
+    ends on this host's monotonic clock, unless noted already (the first sight counts)."""
+    seen = (key, action_id, attempt, ends)
+    with _seen_lock:
+        if seen in _seen:
+            return
+        _seen[seen] = steady.monotonic() + (ends - now).total_seconds()
+        while len(_seen) > KEEP:
+            _seen.popitem(last=False)
+
+
+def seen_live(key: str, action_id: str, attempt: int, ends: datetime) -> bool:
+    """Whether that lease, once seen live here, still has time left by the monotonic clock."""
+    with _seen_lock:
+        until = _seen.get((key, action_id, attempt, ends))
+    return until is not None and steady.monotonic() <= until
+
+
+def _after_fork() -> None:
+    global _seen_lock  # the monotonic clock is the machine's: the notes hold in a child
+    _seen_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -22,7 +22,7 @@ from .errors import OutcomeUnknown, StoreError
 from .events import EventType
 from .schema import GENESIS_HASH, approval_votes, approvals, receipt_chain
 from .schema import effects as E
-from .states import LEASE_EXPIRED, EffectRecord, EffectState, check_transition
+from .states import LEASE_EXPIRED, LEASE_RAN_OUT, EffectRecord, EffectState, check_transition
 from .timestamps import stamp
 
 # The statements every decision runs are plain SQL on the driver's connection, inside the
@@ -178,10 +178,8 @@ def move_effect(
 
 
 def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:
-    """Move a record whose holder's lease ran out to AMBIGUOUS, with its event.
-
-    False when the record moved under us (another contender got there first).
-    """
+    """Move a record whose holder's lease ran out to AMBIGUOUS, with its event (False: it
+    moved under us, another contender got there first)."""
     if not move_effect(
         conn,
         record.effect_key,
@@ -189,7 +187,7 @@ def expire_lease(conn: Connection, record: EffectRecord, now: datetime) -> bool:
         new=EffectState.AMBIGUOUS,
         action_id=record.action_id,
         attempt=record.attempt,
-        values={"updated_at": stamp(now), "lease_expires_at": None, "error": LEASE_EXPIRED},
+        values={"updated_at": stamp(now), **LEASE_RAN_OUT},
     ):
         return False
     append_event(

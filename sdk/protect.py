@@ -165,7 +165,8 @@ class _Spec:
                 self.warn_once("reconcile", message, self.name)
             return None
         try:
-            return template.resolve(action.arguments, resource=action.resource)
+            # plain: the function receives the value as given, and may read "01" as 1
+            return template.resolve(action.arguments, resource=action.resource, plain=True)
         except EffectKeyError as exc:
             ctl.refuse_effect_key(action, exc)
             raise

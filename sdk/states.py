@@ -31,6 +31,10 @@ class EffectState(StrEnum):
 
 S = EffectState
 LEASE_EXPIRED = "lease expired before an outcome was recorded"
+# What a lease that ran out leaves. Its end on the monotonic clock goes too: an older writer's
+# next lease on the key writes no holder columns, and must not inherit this one's.
+LEASE_RAN_OUT = {"lease_expires_at": None, "lease_steady_until": None, "error": LEASE_EXPIRED}
+STAMP_RESOLUTION = 0.001  # seconds: the ledger's stamps are in milliseconds
 
 # Every write the ledger makes to an effect record, and nothing else: ``check_transition``
 # refuses any other pair, and nothing ever deletes a record.
@@ -133,7 +137,7 @@ def window_over(
         # An older writer's commit over a newer one's leaves the older reading: the elapsed
         # time is then overstated, as on the ledger's clock alone, never understated.
         elapsed = steady.reading - record.committed_steady
-    return elapsed >= window.total_seconds()
+    return elapsed + STAMP_RESOLUTION >= window.total_seconds()  # not a float's rounding
 
 
 def plan_reservation(

@@ -25,8 +25,13 @@ class Template:
     text: str
     names: tuple[str, ...]
 
-    def resolve(self, values: Mapping[str, Any], *, resource: str | None = None) -> str:
-        """Fill the placeholders; each value must be a non-empty str or a non-bool int."""
+    def resolve(
+        self, values: Mapping[str, Any], *, resource: str | None = None, plain: bool = False
+    ) -> str:
+        """Fill the placeholders; each value must be a non-empty str or a non-bool int.
+
+        ``plain``: a string that spells a number otherwise than plainly is refused too
+        (``respelt_number``), as an SDK call's effect key does."""
 
         def one(match: re.Match[str]) -> str:
             name = match.group(1)
@@ -52,6 +57,13 @@ class Template:
                     f"got {value!r}"
                 )
             problem = _unsettled(value) if isinstance(value, str) else None
+            if problem is None and plain and isinstance(value, str) and respelt_number(value):
+                raise EffectKeyError(
+                    f"template {self.text!r}: {name!r} is {value[:40]!r}, which spells a number "
+                    "otherwise than plainly: code that reads it as a number (int(), float(), an "
+                    "integer column, pydantic) acts on the number that its plain spelling, or "
+                    "the integer itself, keys as another effect; pass the integer"
+                )
             if problem is not None:
                 raise EffectKeyError(
                     f"template {self.text!r}: {name!r} is {value!r}, which {problem}: a remote "
@@ -61,6 +73,27 @@ class Template:
             return str(value)
 
         return _PLACEHOLDER.sub(one, self.text)
+
+
+_PLAIN = re.compile(r"(?:0|-?[1-9][0-9]*)\Z")
+_PREFIXED = re.compile(r"[+-]?0(?:[xX][0-9a-fA-F_]+|[oO][0-7_]+|[bB][01_]+)\Z")
+
+
+def respelt_number(value: str) -> bool:
+    """Whether ``value`` is a number to a common reader (``int``, ``float``, JavaScript's
+    ``Number``) but not spelt plainly (``0``, ``7``, ``-7``): ``"01"``, ``"+1"``, ``"1.0"``,
+    ``"1e0"``, ``"1_0"``, ``"0x1"``, ``"١"`` are each 1 or 10 to such code, and would key an
+    effect apart from ``"1"`` and ``1`` (which key alike). The rule the proxy applies to a
+    ``profile: http`` or MCP write's key values (``proxy/key_spellings.py``)."""
+    if _PLAIN.match(value) or not any(char.isdigit() for char in value):
+        return False  # "inf", "nan": numbers to float(), names to people
+    if _PREFIXED.match(value):
+        return True
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _unsettled(value: str) -> str | None:

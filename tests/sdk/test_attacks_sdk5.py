@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,18 @@ from sqlalchemy import text
 
 from ctrlrun import (
     Action,
+    AmbiguousEffect,
     Control,
     DuplicateEffect,
+    EffectKeyError,
+    InvalidArgument,
     Policy,
     Principal,
     SQLiteStateStore,
     clocks,
+    context,
     holder,
+    protect,
     steady,
 )
 from ctrlrun import ledger as L
@@ -232,3 +238,119 @@ def row_of(store: StateStore, key: str) -> Any:
         found = L.get_effect_row(conn, key)
     assert found is not None
     return found
+
+
+# -- 3. a lease an older sidecar holds ------------------------------------------------------
+
+
+def old_writers_lease(store: StateStore, control: Control, lease: float) -> None:
+    """The key taken by a process on revision 0018: a lease naming no holder."""
+    control.begin(scale(), KEY, lease=timedelta(seconds=lease))
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE effects SET lease_holder = NULL, lease_steady_until = NULL"))
+
+
+def outcome(control: Control) -> str:
+    try:
+        control.execute(scale(), lambda: None, KEY)
+    except DuplicateEffect as exc:
+        return exc.state
+    except AmbiguousEffect:
+        return "ambiguous"
+    return "ran"
+
+
+def test_an_older_writers_lease_seen_live_is_not_stolen_after_a_forward_step(
+    any_store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wall = Wall(any_store)
+    control = Control(Policy.from_yaml(POLICY), any_store, clock=wall)
+    old_writers_lease(any_store, control, 60)
+    assert outcome(control) == "in_progress"  # seen live, 60 s left
+    wall.step = 120.0  # NTP steps this host's (the ledger's) clock past the lease's end
+    assert outcome(control) == "in_progress"
+    assert control.reconciler.expire_leases() == []  # nor by the sweep
+    assert record(any_store).state is EffectState.EXECUTING
+    elapse(monkeypatch, 61)  # the lease really has run out: its holder may be dead
+    assert outcome(control) == "ambiguous"
+
+
+def test_a_lease_ambiguated_leaves_no_monotonic_end_for_an_older_writers_next_lease(
+    any_store: StateStore,
+) -> None:
+    """An older sidecar's next lease on the key writes no holder columns: one left by the
+    attempt that ran out would be taken for its own."""
+    wall = Wall(any_store)
+    control = Control(Policy.from_yaml(POLICY), any_store, clock=wall)
+    control.begin(scale(), KEY, lease=timedelta(seconds=5))
+    assert record(any_store).lease_steady_until is not None
+    wall.step = 3600.0
+    assert control.reconciler.expire_leases() == [KEY]
+    rec = record(any_store)
+    assert rec.state is EffectState.AMBIGUOUS and rec.lease_steady_until is None
+
+
+# -- 4. one value, one spelling, one key ----------------------------------------------------
+
+W_POLICY = "schema: ctrlrun.policy/v2\nactions:\n  w: {decision: allow}\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("1", None),  # the integer's own spelling: the same key, "w:1", a duplicate
+        ("01", EffectKeyError),
+        ("+1", EffectKeyError),
+        ("1.0", EffectKeyError),
+        ("1e0", EffectKeyError),
+        ("1_0", EffectKeyError),
+        ("0x1", EffectKeyError),
+        ("\u0661", EffectKeyError),  # ARABIC-INDIC DIGIT ONE: int() and float() read 1
+        ("-0", EffectKeyError),
+        (" 1", EffectKeyError),
+        (True, EffectKeyError),  # True == 1 to the function: a bool names no key
+        (1.0, InvalidArgument),  # floats and Decimals are no arguments at all
+        (Decimal("1"), InvalidArgument),
+    ],
+    ids=lambda v: repr(v),
+)
+def test_an_sdk_effect_key_has_one_spelling_per_value(
+    tmp_path: Path, value: Any, refused: type[Exception] | None
+) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(W_POLICY), store)
+    ran: list[Any] = []
+
+    @protect("w", effect="w:{n}", control=ctl)
+    def write(n: Any) -> None:
+        ran.append(int(n))  # as many functions do: every spelling above is 1 (or 10) here
+
+    try:
+        with context("bot"):
+            write(1)
+            if refused is None:
+                with pytest.raises(DuplicateEffect):
+                    write(value)
+            else:
+                with pytest.raises(refused) as caught:
+                    write(value)
+                assert "\n" not in str(caught.value)
+        assert ran == [1]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("value", ["007x", "pi_1", "1a", "inf", "nan", "-7", "0", "10"])
+def test_values_that_are_not_respelt_numbers_pass(tmp_path: Path, value: str) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(W_POLICY), store)
+
+    @protect("w", effect="w:{n}", control=ctl)
+    def write(n: str) -> str:
+        return n
+
+    try:
+        with context("bot"):
+            assert write(value) == value
+    finally:
+        store.close()

@@ -241,9 +241,13 @@ def test_lease_is_live(state: EffectState, lease: timedelta | None, live: bool) 
 
 
 def test_lease_expired_record_becomes_ambiguous(
-    make_control: Callable[..., Control], store: SQLiteStateStore, clock: Clock
+    make_control: Callable[..., Control],
+    store: SQLiteStateStore,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A holder that never finishes: in-progress while its lease lives, ambiguous after."""
+    monotonic_follows(clock, monkeypatch)  # seen live, the lease then runs out in real time
     control = make_control(lease=timedelta(seconds=30))
     me = Principal("bot")
     holder = control.begin(Action("refund", {"payment_id": "p1", "amount": 5}, me), "refund:p1")
