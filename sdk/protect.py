@@ -17,9 +17,10 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import io
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -166,7 +167,11 @@ class _Spec:
             return None
         try:
             # plain: the function receives the value as given, and may read "01" as 1
-            return template.resolve(action.arguments, resource=action.resource, plain=True)
+            key = template.resolve(action.arguments, resource=action.resource, plain=True)
+            via = self.resource or ctl.policy.resource_template(self.name)
+            if "resource" in template.names and via is not None:  # its values are the key's
+                via.resolve(action.arguments, plain=True)
+            return key
         except EffectKeyError as exc:
             ctl.refuse_effect_key(action, exc)
             raise
@@ -251,16 +256,17 @@ class _Call:
 
 def _acted(value: T, name: str) -> T:
     """``value``, unless it is work still to be done (an awaitable, a generator, a thread
-    pool's future, a lazy ``map``/``filter``): that would act after the call is recorded,
-    outside its protection, and a record saying committed then refused every retry of an
-    effect that had not happened (or never would). It is closed or cancelled unrun and
-    refused, and the call, whose function may have acted before returning it, is recorded
-    ambiguous."""
+    pool's future, a lazy ``map``/``filter``, any iterator but a file): that would act after
+    the call is recorded, outside its protection, and a record saying committed then refused
+    every retry of an effect that had not happened (or never would). It is closed or
+    cancelled unrun and refused, and the call, whose function may have acted before
+    returning it, is recorded ambiguous."""
     if not (
         inspect.isawaitable(value)
         or inspect.isgenerator(value)
         or inspect.isasyncgen(value)
         or isinstance(value, _LATER)
+        or (isinstance(value, Iterator) and not isinstance(value, io.IOBase))
     ):
         return value
     close = getattr(value, "cancel", None) or getattr(value, "close", None)
@@ -273,7 +279,10 @@ def _acted(value: T, name: str) -> T:
     )
 
 
-_LATER = (concurrent.futures.Future, map, filter)  # not awaitables, but work still to be done
+# Not awaitables, but work still to be done; so is any iterator but a file: itertools.starmap,
+# accumulate, takewhile, and zip, enumerate, chain or islice over a lazy map call functions
+# when iterated, and which do cannot be told from outside.
+_LATER = (concurrent.futures.Future, map, filter)
 
 
 async def _admit(call: _Call) -> Attempt:

@@ -4,10 +4,11 @@ left by an older writer, and effect keys spelt several ways."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -352,5 +353,89 @@ def test_values_that_are_not_respelt_numbers_pass(tmp_path: Path, value: str) ->
     try:
         with context("bot"):
             assert write(value) == value
+    finally:
+        store.close()
+
+
+# -- work handed back: any lazy iterator, not only map and filter ---------------------------
+
+
+@pytest.mark.parametrize("kind", ["starmap", "zip-map", "enumerate-map", "islice-map", "chain"])
+def test_a_function_returning_a_lazy_iterator_that_acts_later_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    """``return itertools.starmap(api.refund, args)`` (or a zip over a map): the refund runs
+    when the caller iterates, after the record said committed. Refused, the call ambiguous."""
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(W_POLICY), store)
+    ran: list[int] = []
+
+    def act(n: int) -> int:
+        ran.append(n)
+        return n
+
+    lazy: dict[str, Callable[[], Any]] = {
+        "starmap": lambda: itertools.starmap(act, [(1,)]),
+        "zip-map": lambda: zip(map(act, [1]), "a", strict=False),
+        "enumerate-map": lambda: enumerate(map(act, [1])),
+        "islice-map": lambda: itertools.islice(map(act, [1]), 1),
+        "chain": lambda: itertools.chain(map(act, [1])),
+    }
+
+    @protect("w", effect="w:{n}", control=ctl)
+    def write(n: int) -> Any:
+        return lazy[kind]()
+
+    try:
+        with context("bot"), pytest.raises(InvalidArgument, match="after the call is recorded"):
+            write(1)
+        assert ran == []
+        assert row_of(store, "w:1")["state"] == "ambiguous"
+    finally:
+        store.close()
+
+
+def test_a_function_may_still_return_data_and_files(tmp_path: Path) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(W_POLICY), store)
+    path = tmp_path / "out.txt"
+    path.write_text("done\n")
+
+    @protect("w", effect="w:{n}", control=ctl)
+    def write(n: int) -> Any:
+        return [n] if n == 1 else path.open(encoding="utf-8")
+
+    try:
+        with context("bot"):
+            assert write(1) == [1]
+            with write(2) as f:
+                assert f.read() == "done\n"
+    finally:
+        store.close()
+
+
+def test_a_respelt_number_through_the_resource_is_refused_too(tmp_path: Path) -> None:
+    """``effect: "refund:{resource}"`` over ``resource: "order:{order_id}"``: "007" reaches
+    the key through the resource."""
+    policy = (
+        "schema: ctrlrun.policy/v2\nactions:\n  refund:\n    decision: allow\n"
+        '    resource: "order:{order_id}"\n    effect: "refund:{resource}"\n'
+    )
+    store = SQLiteStateStore(tmp_path / "state.db")
+    ctl = Control(Policy.from_yaml(policy), store)
+    ran: list[int] = []
+
+    @protect("refund", control=ctl)
+    def refund(order_id: Any) -> None:
+        ran.append(int(order_id))
+
+    try:
+        with context("bot"):
+            refund(7)
+            with pytest.raises(EffectKeyError, match="order_id"):
+                refund("007")
+            with pytest.raises(DuplicateEffect):
+                refund("7")
+        assert ran == [7]
     finally:
         store.close()
