@@ -85,8 +85,7 @@ class CtrlrunAddon:
         self.tunnels[flow.client_conn.id] = req.host
         if passage.upstream is None and passage.dial is not None:
             req.data.host = passage.dial  # pinned: the address just checked, not a new lookup
-        # A tunnel to an upstream keeps the CONNECT's host (the client checks the
-        # certificate against it); the recogniser knows it, so the tunnel is intercepted.
+        # A tunnel to an upstream keeps its host (the client checks the certificate): intercepted.
 
     async def tcp_start(self, flow: tcp.TCPFlow) -> None:
         # A transparent connection that is not HTTP has no request for the gate to judge:
@@ -288,12 +287,14 @@ def _refuse(flow: http.HTTPFlow, passage: Passage, profile: str) -> None:
 
 
 def _is_read(req: http.Request) -> bool:
-    """``hidden_write(...) is None`` on mitmproxy's raw request: its case-insensitive lookups
-    and query parsing would cost reads (the hot path) more than the rest of the proxy."""
+    """``hidden_write(...) is None`` on the raw request (mitmproxy's lookups cost reads more)."""
     if req.data.method not in READ_METHOD_BYTES or req.raw_content or req.trailers:
         return False  # a read with a body (or trailers) is refused by the guard
     for name, value in req.headers.fields:  # a Content-Length: the guard's (``unframed``)
-        if name.lower() in NO_READ_HEADERS or b"\n" in value or b"\r" in value:
+        lower = name.lower()
+        if lower in NO_READ_HEADERS or b"\n" in value or b"\r" in value:
+            return False
+        if lower == b"connection" and b"upgrade" in value.lower():  # hidden_write's
             return False
     path = req.data.path
     if UNSENDABLE_BYTES.search(path):

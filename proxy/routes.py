@@ -77,7 +77,7 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
     against the profile's routes; only a matched write has its body read (at most
     ``MAX_BODY`` bytes), and any doubt about it is ``Invalid``.
     """
-    refused = unreadable(request) or unframed(request)
+    refused = unreadable(request) or unframed(request) or _half_upgrade(request)
     if refused is not None:
         return Invalid(refused)
     # Through the apiserver's proxy a GET reaches the application, which may act on it.
@@ -128,6 +128,22 @@ def map_request(upstream: Upstream, request: Request) -> RouteResult:
             f"it; ctrlrun relays upgrades only for {', '.join(STREAM_ACTIONS)}"
         )
     return result
+
+
+def _half_upgrade(request: Request) -> str | None:
+    """``Connection: upgrade`` without an ``Upgrade`` header: Go's apiserver takes the first
+    alone for an upgrade (``httpstream.IsUpgradeRequest``) and hands the connection on to the
+    kubelet; ctrlrun cannot say what the far end makes of it, so it is no read and no write."""
+    if "upgrade" in request.headers:
+        return None
+    if "connection" in request.repeated:  # only the last is in ``headers``: any may say it
+        return "the request has more than one Connection header; send one"
+    if "upgrade" not in request.headers.get("connection", "").casefold():
+        return None
+    return (
+        "the request says Connection: upgrade without an Upgrade header, which servers read "
+        "differently (Go's apiserver as an upgrade); send both, or neither"
+    )
 
 
 def _map_profile(upstream: Upstream, request: Request, segments: list[str]) -> RouteResult:
