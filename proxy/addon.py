@@ -133,13 +133,11 @@ class CtrlrunAddon:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(RELAY)
-        self.mcp.ended(flow.metadata, answered=True)
         if isinstance(pending, relay.Relayed) and not pending.settled and flow.response:
             await self._settle(flow, pending, flow.response.status_code, None, None)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(RELAY)
-        self.mcp.ended(flow.metadata, answered=False)
         if not isinstance(pending, relay.Relayed) or pending.settled:
             return
         server = flow.server_conn
@@ -222,7 +220,6 @@ class CtrlrunAddon:
         )
         if isinstance(got, PassThrough):
             _record(flow, upstream, {"outcome": "pass_through", "reason": got.reason, "mcp": True})
-            self.mcp.passing(flow.metadata, got)
             return
         flow.response = to_response(got.status, got.headers, got.body)
         _record(flow, upstream, {"outcome": "tool_calls", "calls": list(got.decisions)})

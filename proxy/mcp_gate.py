@@ -9,10 +9,10 @@ the kernel (``mcp_call``); a batch is split, each of its messages forwarded as i
 (the tool calls that may go, and the other messages), and the answers gathered in order into
 one JSON array, ctrlrun's own in place of the calls it refused.
 
-While a request of a session is in flight, passed through or a tool call, another with the
-same JSON-RPC id is refused (``mcp_flight``): a server that routes answers by id (the ``mcp``
-SDK's Streamable HTTP transport) sends one's answer to the other, and a call's record would be
-another request's answer.
+Each tool call is forwarded with a JSON-RPC id of ctrlrun's own (``mcp_ids``), so no other
+request, of any session or of none, in flight or cut short, can be answered in its place: a
+server routes answers by id, and a call's record would be another request's answer. Nothing
+is held by id, so nothing passed through (a stream that never ends) holds up a later request.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ctrlrun.action import Principal
@@ -31,7 +31,7 @@ from .forward import Forwarded, forward_headers
 from .framing import unframed
 from .guard import Guard
 from .mcp_call import CallGuard, Settled
-from .mcp_flight import InFlight, Key, request_keys
+from .mcp_ids import reserved, restore, swap, wire_id, wired
 from .mcp_messages import (
     INTERNAL_ERROR,
     ProtocolError,
@@ -57,7 +57,6 @@ from .route_values import (
 )
 
 log = logging.getLogger(__name__)
-HELD = "ctrlrun.mcp_held"  # flow.metadata key of the ids a POST passed through holds
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,6 @@ class McpHandled:
     decisions: tuple[Mapping[str, Any], ...]
 
 
-@dataclass(frozen=True)
-class McpPassThrough(PassThrough):
-    """A POST passed through whose requests' ids stay held until it is answered or ends."""
-
-    held: frozenset[Key] = frozenset()
-
-
 class McpGate:
     """Decides the tool calls in requests to MCP upstreams; see the module docstring."""
 
@@ -84,7 +76,6 @@ class McpGate:
         self.guard = guard
         self.calls = CallGuard(guard)
         self.sessions = sessions if sessions is not None else Sessions()
-        self.flight = InFlight()
 
     async def handle(
         self,
@@ -128,24 +119,18 @@ class McpGate:
                 self.guard, up, items, refused, principal
             )
             return McpHandled(status, hdrs, body, (decision,))
-        keys = request_keys(up.name, request.headers, items)
-        busy = self.flight.busy(keys)
-        if busy is not None:
-            why = f"a request of this session with id {busy[2][:60]!r} is in flight"
-            return _protocol(ProtocolError(-32600, why))
+        own = reserved(items)
+        if own is not None:
+            return _protocol(ProtocolError(-32600, own))
         if not any(is_tool_call(m) for m in items):
-            return McpPassThrough("no tools/call", self.flight.hold(keys))
-        held = self.flight.hold(keys)
-        lost: set[Key] = set()
+            return PassThrough("no tools/call")
         self.guard.active += 1
         try:
             if not batch:
-                return await self._single(up, request, items[0], target, headers, principal, lost)
-            return await self._batch(up, request, items, target, headers, principal, lost)
+                return await self._single(up, request, items[0], target, headers, principal)
+            return await self._batch(up, request, items, target, headers, principal)
         finally:
             self.guard.active -= 1
-            self.flight.release(held - lost)
-            self.flight.lose(held & lost)
 
     async def _single(
         self,
@@ -155,18 +140,20 @@ class McpGate:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-        lost: set[Key],
     ) -> McpHandled:
         try:
             call = tool_call(message)
         except ProtocolError as exc:
             return _protocol(exc, status=200 if exc.request_id is not None else 400)
-        settled = await self.calls.call(up, request, call, request.body, target, headers, principal)
-        _unanswered(up, request, message, _whole(settled, call.request_id), lost)
+        wire = wire_id()
+        body = wired(message, wire)
+        on_wire = replace(call, request_id=wire)
+        settled = await self.calls.call(up, request, on_wire, body, target, headers, principal)
         if settled.reply is not None:
             got = settled.reply
             self.saw(up, request, got)
-            return McpHandled(got.status or 502, got.headers, got.body, (settled.decision,))
+            body = restore(got.headers, got.body, wire, call.request_id)
+            return McpHandled(got.status or 502, got.headers, body, (settled.decision,))
         assert settled.refusal is not None
         answer = tool_error(call.request_id, tool_text(settled.refusal), _meta(settled))
         return _json(answer, (settled.decision,), settled.refusal.outcome)
@@ -179,7 +166,6 @@ class McpGate:
         target: str,
         headers: Sequence[tuple[str, str]],
         principal: Principal | None,
-        lost: set[Key],
     ) -> McpHandled:
         """Each message of the batch on its own POST, in order; the answers as one array."""
         ids = [m.get("id") for m in items if "id" in m and "method" in m]
@@ -192,20 +178,22 @@ class McpGate:
         answers: list[Any] = []
         decisions: list[Mapping[str, Any]] = []
         for message, call in zip(items, calls, strict=True):
-            body = encode(message)
             if call is None:
-                reply = await self._relay(up, target, headers, body)
+                reply = await self._relay(up, target, headers, encode(message))
                 self.saw(up, request, reply)
-                _unanswered(up, request, message, _answered(reply, message.get("id")), lost)
                 answers.extend(_answers_to(message, reply))
                 continue
-            settled = await self.calls.call(up, request, call, body, target, headers, principal)
-            _unanswered(up, request, message, _whole(settled, call.request_id), lost)
+            wire = wire_id()
+            on_wire = replace(call, request_id=wire)
+            body = wired(message, wire)
+            settled = await self.calls.call(up, request, on_wire, body, target, headers, principal)
             decisions.append(settled.decision)
             if settled.reply is not None:
                 self.saw(up, request, settled.reply)
             if settled.response is not None:
-                answers.append(settled.response)
+                answers.append(swap(settled.response, call.request_id))
+            elif settled.reply is not None:  # a read tool's, passed through
+                answers.extend(_answers_to({**message, "id": wire}, settled.reply, call.request_id))
             else:
                 assert settled.refusal is not None
                 text = tool_text(settled.refusal)
@@ -219,17 +207,6 @@ class McpGate:
     ) -> Forwarded:
         """A batch's other message, forwarded alone as it would have been inside the batch."""
         return await self.guard.forwarder.send(up, "POST", target, forward_headers(headers), body)
-
-    def passing(self, metadata: dict[str, Any], got: PassThrough) -> None:
-        """A POST passed through: its requests' ids stay held until ``ended``."""
-        if isinstance(got, McpPassThrough) and got.held:
-            metadata[HELD] = got.held
-
-    def ended(self, metadata: dict[str, Any], *, answered: bool) -> None:
-        """A POST passed through was answered whole, or ended without its answer."""
-        held = metadata.pop(HELD, None)
-        if held:
-            (self.flight.release if answered else self.flight.lose)(held)
 
     def saw(self, up: Upstream, request: Request, reply: Forwarded) -> None:
         """A POST ctrlrun forwarded itself was answered: learn the session it may name."""
@@ -248,44 +225,25 @@ def _unsure(request: Request) -> str | None:
         # The server may honour either and run what ctrlrun did not read as a message.
         return "ctrlrun relays no Upgrade or method override"
     if HEADER in request.repeated:
-        # The mcp SDK reads the first, ctrlrun the last: the ids it holds (``mcp_flight``)
-        # would be another session's than the one the server serves.
+        # The mcp SDK reads the first, ctrlrun the last: which session a call ran in would
+        # be another than the one the server serves.
         return "a request that names two Mcp-Session-Ids"
     return None
 
 
-def _unanswered(
-    up: Upstream, request: Request, message: Mapping[str, Any], answered: bool, lost: set[Key]
-) -> None:
-    """Note the key of a request whose answer did not come back whole (``mcp_flight``)."""
-    key = request_keys(up.name, request.headers, [message])[0]
-    if key is not None and not answered:
-        lost.add(key)
-
-
-def _answered(reply: Forwarded, request_id: Any) -> bool:
-    messages = None if reply.cut_short else read_answer(reply.headers, reply.body)
-    return messages is not None and response_for(messages, request_id) is not None
-
-
-def _whole(settled: Settled, request_id: Any) -> bool:
-    """The call's answer came back, or ctrlrun sent nothing."""
-    if settled.refusal is not None:
-        return settled.refusal.outcome != "upstream_ambiguous"
-    return settled.reply is not None and _answered(settled.reply, request_id)
-
-
-def _answers_to(message: Mapping[str, Any], reply: Forwarded) -> list[Any]:
-    """The response to a relayed request of a batch (notifications and responses have none)."""
+def _answers_to(message: Mapping[str, Any], reply: Forwarded, agents: Any = None) -> list[Any]:
+    """The response to a relayed request of a batch (notifications and responses have none),
+    under the agent's id ``agents`` when it was forwarded with another."""
     if "id" not in message or "method" not in message:
         return []
+    original = message["id"] if agents is None else agents
     messages = read_answer(reply.headers, reply.body) or []
     response = response_for(messages, message["id"])
     if response is not None:
-        return [response]
+        return [swap(response, original)]
     what = f"HTTP {reply.status}" if reply.status else (reply.error or "no answer")
     text = f"ctrlrun: the server's answer was lost ({what})"
-    return [rpc_error(message["id"], INTERNAL_ERROR, text)]
+    return [rpc_error(original, INTERNAL_ERROR, text)]
 
 
 def tool_text(refusal: Refusal) -> str:

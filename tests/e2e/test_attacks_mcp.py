@@ -101,8 +101,11 @@ def test_keys_a_server_may_read_without_case_are_refused_and_nothing_is_forwarde
         plain = _call(REFUND.format(pi=pi, extra=""), rid=5)
         got = http.post(mcp_server.url, content=plain, headers=headers)
         assert got.status_code == 200 and not got.json()["result"].get("isError"), got.text
+        assert got.json()["id"] == 5, got.text
         assert [r["amount"] for r in stripe.refunds] == [100]
-        assert json.loads(mcp_server.received[-1]) == json.loads(plain)
+        sent = json.loads(mcp_server.received[-1])
+        assert sent["id"].startswith("ctrlrun-")  # the call goes under an id of ctrlrun's own
+        assert {**sent, "id": 5} == json.loads(plain)
     finally:
         http.close()
 
