@@ -347,3 +347,20 @@ def test_a_json_answer_gets_the_agents_id_back(body: bytes, expected: Any) -> No
 def test_an_answer_that_cannot_be_read_is_returned_as_it_came(kind: str) -> None:
     body = b'\xff{"id":"ctrlrun-00ff"\n\n'
     assert restore((("Content-Type", kind),), body, W, 1) == body
+
+
+@pytest.mark.parametrize("path", ["//", "/%2F", "/./", "/x/../", "/MCP", "/mcp/", "/?a=1"])
+def test_a_call_spelt_to_another_path_of_the_host_is_decided_by_its_one_map(
+    raw: Raw, orders: Orders, path: str
+) -> None:
+    # An upstream is a host: every path of it is decided by its one tools: map, so no path
+    # variant reaches the server as a call ctrlrun did not decide.
+    orders.completed.set()
+    first = raw.post(json.dumps(call(1, "refund_order", order_id=7, amount=100)).encode())
+    assert _messages(first)[-1]["result"]["isError"] is False, first.text
+    before = len(orders.server.received)
+    hdrs = {**raw.headers, "Content-Type": "application/json"}
+    body = json.dumps(call(2, "refund_order", order_id=7, amount=100)).encode()
+    got = raw.http.post(raw.url + path, content=body, headers=hdrs)
+    assert "duplicate" in got.text, got.text
+    assert len(orders.server.received) == before and orders.refunds == [(7, 100)]
